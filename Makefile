@@ -1,0 +1,35 @@
+# seqmix: `make install` then `make test`. Everything lives in .venv beside this file.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Pinned first so pip keeps the matching wheel: the CPU wheel on a machine that has it on disk,
+# the CUDA build from PyPI on a GPU box. Override with `make install TORCH_VERSION=...`.
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS ?=
+
+export TRITON_DEFAULT_FP_FUSION ?= 1
+
+.PHONY: install test test-fast lint bench clean
+
+install:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
+	$(PIP) install --quiet -e ".[dev]"
+	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
+
+test:
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast:
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint:
+	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py
+
+bench:
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""seqmix: sequence models with a swappable token mixer."""

@@ -1,0 +1,69 @@
+"""Reading seqmix checkpoints with clear errors, and averaging several of them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from seqmix.errors import SeqmixError
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A Lightning checkpoint written by seqmix (model weights, config and tokenizer inside)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SeqmixError(f"checkpoint {path} does not exist; pass ckpt_path=<run dir>/checkpoints/best.ckpt "
+                          "(or last.ckpt) of a finished run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated file, wrong format, ...
+        raise SeqmixError(f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err}); "
+                          "use another checkpoint of the run (last.ckpt or an epoch*.ckpt)") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "seqmix" not in ckpt:
+        raise SeqmixError(f"{path} is not a seqmix checkpoint (no model weights/config/tokenizer inside)")
+    return ckpt
+
+
+def check_resumable(path: str | os.PathLike) -> None:
+    """Fail before training starts, not mid-way, when a resume checkpoint is missing or corrupt."""
+    ckpt = load_checkpoint(path)
+    if "optimizer_states" not in ckpt or "loops" not in ckpt:
+        raise SeqmixError(f"{path} holds weights only (no optimizer/loop state): it cannot be resumed; "
+                          "start a new run from it instead")
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
+    """Element-wise mean of the model weights of ``paths``; other fields come from the last one."""
+    if not paths:
+        raise SeqmixError("no checkpoints to average")
+    ckpts = [load_checkpoint(p) for p in paths]
+    keys = list(ckpts[-1]["state_dict"])
+    for p, c in zip(paths, ckpts):
+        if list(c["state_dict"]) != keys:
+            raise SeqmixError(f"cannot average {p}: its parameters differ from {paths[-1]}")
+    averaged = dict(ckpts[-1])
+    state = {}
+    for k in keys:
+        tensors = [c["state_dict"][k] for c in ckpts]
+        if tensors[0].is_floating_point():
+            state[k] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
+        else:
+            state[k] = tensors[-1]
+    averaged["state_dict"] = state
+    return averaged
+
+
+def latest_epoch_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
+    """The ``n`` epoch checkpoints with the highest step in ``directory`` (oldest first)."""
+    def step_of(p: Path) -> int:
+        try:
+            return int(p.stem.rsplit("step", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+    found = sorted((p for p in Path(directory).glob("epoch*-step*.ckpt")), key=step_of)
+    if len(found) < n:
+        raise SeqmixError(f"average_last={n} but {directory} holds only {len(found)} epoch checkpoints; "
+                          f"train with keep_last_epochs>={n} or lower average_last")
+    return found[-n:]

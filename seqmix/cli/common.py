@@ -1,0 +1,81 @@
+"""Pieces shared by the train and generate entry points: building the model, error reporting."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from seqmix.errors import SeqmixError
+
+log = logging.getLogger("seqmix")
+
+
+def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
+    return instantiate(model_cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                       padding_idx=padding_idx)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (tied embeddings count once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def module_summary(model: nn.Module, depth: int = 2) -> str:
+    rows = []
+
+    def walk(module: nn.Module, prefix: str, level: int) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            rows.append(f"{'  ' * level}{full:<40} {type(child).__name__:<22} {count_parameters(child):>14,}")
+            if level + 1 < depth:
+                walk(child, full, level + 1)
+
+    walk(model, "", 0)
+    return "\n".join([f"{'module':<40} {'type':<22} {'parameters':>14}", *rows])
+
+
+def output_dir_of(cfg: DictConfig) -> Path | None:
+    try:
+        return Path(cfg.paths.output_dir)
+    except Exception:  # hydra runtime not available (direct calls in tests)
+        return None
+
+
+def clean_failed_run(cfg: DictConfig, message: str) -> None:
+    """A failed run must not look like a valid one: drop its folder if it holds no checkpoint, else mark it."""
+    out = output_dir_of(cfg)
+    if out is None or not out.exists():
+        return
+    if any(out.rglob("*.ckpt")):
+        (out / "FAILED").write_text(message + "\n")
+    else:
+        logging.shutdown()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig], object]:
+    """Turn a SeqmixError into one clear line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg: DictConfig):
+        try:
+            return fn(cfg)
+        except SeqmixError as err:
+            message = f"seqmix: error: {err}"
+            print(message, file=sys.stderr, flush=True)
+            clean_failed_run(cfg, message)
+            sys.exit(2)
+
+    return wrapper
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)

@@ -1,0 +1,102 @@
+"""`python train.py`: compose the config, build data/model/task, fit, score the best checkpoint."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from seqmix.checkpoint import check_resumable
+from seqmix.cli.common import build_model, count_parameters, module_summary, to_container
+from seqmix.errors import SeqmixError
+
+log = logging.getLogger("seqmix")
+
+
+def dry_run(cfg: DictConfig) -> int:
+    """Build the model from the config alone (vocabulary size from task.vocab_size) and report its size."""
+    vocab = int(cfg.task.vocab_size)
+    model = build_model(cfg.model, vocab, vocab, padding_idx=1)
+    n = count_parameters(model)
+    print(module_summary(model))
+    print(f"parameters: {n}")
+    return n
+
+
+def instantiate_callbacks(cfg: DictConfig) -> list:
+    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+
+
+def instantiate_loggers(cfg: DictConfig) -> list:
+    return [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None and "_target_" in c]
+
+
+def finish_wandb() -> None:
+    """One wandb run per job: close it so the next multirun job starts its own."""
+    import sys
+
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+
+
+def train(cfg: DictConfig) -> float | None:
+    """Train per ``cfg``; returns the final BLEU (for sweeps) or None."""
+    if cfg.dry_run:
+        dry_run(cfg)
+        return None
+    if cfg.get("ckpt_path"):
+        check_resumable(cfg.ckpt_path)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.task.data, _convert_="all")
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.vocab_size, tokenizer.pad)
+    log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(model):,}")
+    print(f"parameters: {count_parameters(model)}")
+
+    task_factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
+    task = task_factory(
+        model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
+        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+        label_smoothing=cfg.label_smoothing, generation=to_container(cfg.task.generation),
+        bleu=to_container(cfg.task.bleu), run_config=to_container(cfg),
+    )
+    callbacks = instantiate_callbacks(cfg)
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False)
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        if trainer.interrupted:
+            raise SeqmixError("training was interrupted; resume with ckpt_path=<run dir>/checkpoints/last.ckpt")
+        score = None
+        if cfg.run_test:
+            score = final_evaluation(cfg, trainer, task, datamodule)
+        return score
+    finally:
+        finish_wandb()
+
+
+def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> float | None:
+    """Score the best checkpoint (last if none is 'best') on test, or on valid when there is no test split."""
+    split = "test" if "test" in datamodule.datasets else "valid"
+    ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if not ckpt and trainer.checkpoint_callback is not None:
+        ckpt = trainer.checkpoint_callback.last_model_path
+    task.test_split = split
+    task.reference_source = datamodule
+    trainer.test(task, dataloaders=datamodule.dataloader(split), ckpt_path=ckpt or None, verbose=False)
+    result = task.last_bleu.get(split)
+    if trainer.is_global_zero:
+        if result is not None:
+            print(f"{split} BLEU: {result.score:.2f}")
+            print(f"sacreBLEU: {result}")
+        print(f"checkpoint: {ckpt or '(none saved)'}")
+    return None if result is None else result.score
+
+
+__all__ = ["train", "dry_run", "OmegaConf"]

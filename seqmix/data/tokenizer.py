@@ -1,0 +1,156 @@
+"""Joint BPE subword tokenizer (Hugging Face ``tokenizers``) with lossless decoding.
+
+Decoding is exact up to the tokenizer's normalizer, which is what :meth:`Tokenizer.normalize_reference` applies:
+NFKC (so e.g. NBSP becomes a space), every whitespace run becomes one space, leading/trailing whitespace is
+stripped, and lowercasing when ``lowercase``. So ``decode(encode(s)) == normalize_reference(s)`` for any ``s``
+whose characters were seen in training (others decode as ``<unk>``) and that does not contain U+2581 ("▁",
+which decodes as a space). Scoring hypotheses against ``normalize_reference(ref)`` is therefore fair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as _HFTokenizer
+
+from seqmix.errors import SeqmixError
+
+SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0,1,2,3 (fairseq order)
+_FORMAT = "seqmix-bpe-v1"  # bump when the pipeline below changes, so old caches are not reused
+
+
+class Tokenizer:
+    """Text <-> ids, with the special ids a seq2seq model needs."""
+
+    bos, pad, eos, unk = 0, 1, 2, 3
+
+    def __init__(self, hf: _HFTokenizer, lowercase: bool):
+        for i, tok in enumerate(SPECIALS):
+            if hf.token_to_id(tok) != i:
+                raise SeqmixError(f"tokenizer file maps {tok!r} to id {hf.token_to_id(tok)}, expected {i}; "
+                                  "delete the cached tokenizer so it is retrained")
+        hf.encode_special_tokens = True  # a literal "<s>" in the data is text, not the bos id
+        self._hf, self.lowercase = hf, lowercase
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids, no bos/eos added."""
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Like :meth:`encode`, parallelized in Rust."""
+        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        """Detokenized text up to the first eos; bos and pad are dropped, unknown pieces show as ``<unk>``."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos:
+                break
+            if i not in (self.bos, self.pad):
+                out.append(i)
+        return self._hf.decode(out, skip_special_tokens=False)
+
+    def normalize_reference(self, text: str) -> str:
+        """The form ``decode`` produces for ``text``: what references must look like for scoring."""
+        return self._hf.normalizer.normalize_str(text)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": _FORMAT, "lowercase": self.lowercase, "hf": json.loads(self._hf.to_str())})
+
+    @classmethod
+    def from_json(cls, s: str) -> Tokenizer:
+        data = json.loads(s)
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise SeqmixError(f"not a {_FORMAT} tokenizer file; delete it so the tokenizer is retrained")
+        return cls(_HFTokenizer.from_str(json.dumps(data["hf"])), lowercase=bool(data["lowercase"]))
+
+    def save(self, path) -> None:
+        _atomic_write_text(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path) -> Tokenizer:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise SeqmixError(f"cannot read tokenizer file {path} ({e}); check the path") from e
+        return cls.from_json(text)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temp file + rename so a crash or a concurrent rank never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _build_hf(lowercase: bool) -> _HFTokenizer:
+    """Metaspace keeps word boundaries as "▁" so decoding restores spaces exactly; punctuation and digits are
+    split off so BPE does not learn "dog." and "dog," as separate words."""
+    hf = _HFTokenizer(models.BPE(unk_token="<unk>"))
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    hf.normalizer = normalizers.Sequence(steps + ([normalizers.Lowercase()] if lowercase else []))
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
+        pre_tokenizers.Punctuation("isolated"),
+        pre_tokenizers.Digits(individual_digits=True),
+    ])
+    hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    return hf
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = False,
+                    min_frequency: int = 2) -> Tokenizer:
+    """Train BPE on ``texts`` (pass source and target text together for a joint vocabulary)."""
+    if vocab_size <= len(SPECIALS):
+        raise SeqmixError(f"tokenizer vocab_size={vocab_size} is too small; set task.data.tokenizer.vocab_size "
+                          f"well above {len(SPECIALS)} (e.g. 8000)")
+    hf = _build_hf(lowercase)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIALS), show_progress=False)
+    hf.train_from_iterator(texts, trainer)
+    if hf.get_vocab_size() <= len(SPECIALS):
+        raise SeqmixError("the tokenizer training text is empty; check the train split of the data")
+    return Tokenizer(hf, lowercase)
+
+
+def tokenizer_cache_key(vocab_size: int, lowercase: bool, min_frequency: int, key_parts: dict) -> str:
+    """sha256 over every setting and the caller's content fingerprint: any change gives a new cache entry."""
+    parts = {**key_parts, "vocab_size": vocab_size, "lowercase": lowercase, "min_frequency": min_frequency,
+             "format": _FORMAT}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load_or_train_tokenizer(texts_fn: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
+                            cache_dir: str, key_parts: dict, min_frequency: int = 2) -> Tokenizer:
+    """Load ``cache_dir/<key>/tokenizer.json`` or train and store it; ``texts_fn`` is only called on a miss.
+
+    ``key_parts`` must include a fingerprint of the training text, or a changed corpus would hit a stale entry.
+    """
+    key = tokenizer_cache_key(vocab_size, lowercase, min_frequency, key_parts)
+    path = Path(os.path.expanduser(cache_dir)) / key / "tokenizer.json"
+    if path.is_file():
+        return Tokenizer.load(path)
+    tok = train_tokenizer(texts_fn(), vocab_size, lowercase=lowercase, min_frequency=min_frequency)
+    try:
+        tok.save(path)
+    except OSError as e:
+        raise SeqmixError(f"cannot write the tokenizer cache {path} ({e}); set task.data.cache_dir to a "
+                          "writable directory") from e
+    return tok

@@ -1,0 +1,5 @@
+"""User-facing errors: one exception type whose message says what to do."""
+
+
+class SeqmixError(Exception):
+    """A user-caused error (bad config, missing file, corrupt checkpoint, ...); its message says what to do."""

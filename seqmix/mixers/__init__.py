@@ -1,0 +1,7 @@
+"""Token mixers: one module per mixer, one protocol (``seqmix.mixers.base``)."""
+
+from seqmix.mixers.base import MixerState, TokenMixer
+from seqmix.mixers.multihead_attention import MultiheadAttention
+from seqmix.mixers.self_attention import KeyValueCache, SelfAttention
+
+__all__ = ["MixerState", "TokenMixer", "MultiheadAttention", "SelfAttention", "KeyValueCache"]

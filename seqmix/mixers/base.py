@@ -1,0 +1,64 @@
+"""The token-mixer protocol every mixer implements (see ARCHITECTURE.md).
+
+    y = mixer(x, key_padding_mask=None, state=None)     # x, y: (batch, time, channels)
+
+A mixer owns its projections and its incremental-decoding cache; the block around it (norms, residuals,
+dropout, FFN, cross-attention) is shared code in ``seqmix.models.blocks``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class MixerState:
+    """Incremental-decoding cache of one mixer layer; beam search reorders it along the batch axis."""
+
+    def reorder(self, index: Tensor) -> None:
+        raise NotImplementedError
+
+
+class TokenMixer(nn.Module):
+    """Base class: mixes information along time; causal mixers see only the past.
+
+    Constructor arguments shared by every mixer: ``embed_dim``, ``causal``, ``layer_idx`` (lets a mixer
+    pick a per-layer setting such as a kernel size from a list).
+    """
+
+    def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.causal = causal
+        self.layer_idx = layer_idx
+
+    def init_state(self) -> MixerState:
+        """An empty cache for step-by-step decoding (causal mixers only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support incremental decoding")
+
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, state: MixerState | None = None
+    ) -> Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def check_incremental_call(mixer: TokenMixer, x: Tensor, state: MixerState | None) -> None:
+    """Incremental calls only make sense for causal mixers; say so instead of returning garbage."""
+    if state is not None and not mixer.causal:
+        raise ValueError(f"{type(mixer).__name__}: incremental state is only valid for causal (decoder) mixers")
+    if x.dim() != 3:
+        raise ValueError(f"mixers take (batch, time, channels) input, got shape {tuple(x.shape)}")
+
+
+def zero_padding(x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """Set padded positions to zero so that pad content cannot leak into neighbours."""
+    if key_padding_mask is None:
+        return x
+    return x.masked_fill(key_padding_mask.unsqueeze(-1), 0.0)
+
+
+def index_select_batch(t: Tensor | None, index: Tensor) -> Tensor | None:
+    return None if t is None else t.index_select(0, index.to(t.device))
+
+
+__all__ = ["MixerState", "TokenMixer", "check_incremental_call", "zero_padding", "index_select_batch", "torch"]

@@ -1,0 +1,40 @@
+"""Running the real entry points in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A toy run that takes seconds: tiny data, tiny model, few steps.
+TINY = [
+    "logger=csv",
+    "task.data.source.num_train=400",
+    "task.data.source.num_valid=40",
+    "task.data.source.num_test=40",
+    "model.embed_dim=32",
+    "model.encoder.layers=1",
+    "model.decoder.layers=1",
+    "model.encoder.ffn_dim=64",
+    "model.decoder.ffn_dim=64",
+    "model.encoder.mixer.num_heads=2",
+    "model.decoder.mixer.num_heads=2",
+    "model.decoder.cross_attention_heads=2",
+    "~callbacks.progress_bar",
+]
+
+
+def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None
+        ) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "SEQMIX_LOG_DIR": str(log_dir), "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+                "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"

@@ -1,0 +1,90 @@
+"""The encoder-decoder backbone: positions, embeddings sharing, incremental decoding, padding."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from seqmix.mixers import SelfAttention
+from seqmix.models import EncoderDecoder
+from seqmix.models.embeddings import make_positions, sinusoidal_table
+
+PAD = 1
+
+
+def small_model(**kw):
+    torch.manual_seed(0)
+    mix = functools.partial(SelfAttention, num_heads=2)
+    args = dict(encoder=dict(layers=2, ffn_dim=32, mixer=mix),
+                decoder=dict(layers=2, ffn_dim=32, mixer=mix, cross_attention_heads=2), dropout=0.0)
+    args.update(kw)
+    return EncoderDecoder(40, 40, PAD, 16, **args).eval()
+
+
+def test_sinusoidal_table_matches_formula():
+    d, n = 8, 12
+    table = sinusoidal_table(n, d, PAD)
+    half = d // 2
+    for pos in range(n):
+        for i in range(half):
+            freq = math.exp(-math.log(10000) * i / (half - 1))
+            expect_sin = 0.0 if pos == PAD else math.sin(pos * freq)
+            expect_cos = 0.0 if pos == PAD else math.cos(pos * freq)
+            assert table[pos, i].item() == pytest.approx(expect_sin, abs=1e-5)
+            assert table[pos, half + i].item() == pytest.approx(expect_cos, abs=1e-5)
+
+
+def test_positions_skip_padding_and_continue_with_offset():
+    tokens = torch.tensor([[5, 6, 7, PAD], [5, PAD, PAD, PAD]])
+    assert make_positions(tokens, PAD).tolist() == [[2, 3, 4, PAD], [2, PAD, PAD, PAD]]
+    assert make_positions(torch.tensor([[9]]), PAD, offset=3).tolist() == [[5]]
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_step_by_step_decoding_equals_full(normalize_before, positions):
+    mix = functools.partial(SelfAttention, num_heads=2)
+    m = small_model(positions=positions,
+                    encoder=dict(layers=2, ffn_dim=32, mixer=mix, normalize_before=normalize_before),
+                    decoder=dict(layers=2, ffn_dim=32, mixer=mix, cross_attention_heads=2,
+                                 normalize_before=normalize_before))
+    src = torch.randint(4, 40, (3, 9))
+    src[0, 6:] = PAD
+    prev = torch.randint(4, 40, (3, 7))
+    full = m(src, prev)
+    enc = m.encode(src)
+    state = m.init_decoder_state(enc)
+    steps = torch.cat([m.decode(prev[:, i: i + 1], enc, state) for i in range(7)], dim=1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_source_padding_does_not_change_outputs():
+    m = small_model()
+    src = torch.randint(4, 40, (1, 5))
+    prev = torch.randint(4, 40, (1, 4))
+    padded = torch.cat([src, torch.full((1, 3), PAD)], dim=1)
+    torch.testing.assert_close(m(src, prev), m(padded, prev), atol=1e-5, rtol=1e-5)
+
+
+def test_shared_embeddings_are_one_tensor():
+    m = small_model(share_all_embeddings=True)
+    assert m.encoder.embed_tokens.weight is m.decoder.embed_tokens.weight
+    n_shared = m.num_parameters()
+    n_sep = small_model(share_all_embeddings=False).num_parameters()
+    assert n_sep - n_shared == 40 * 16
+    untied = small_model(share_decoder_input_output_embed=False)
+    assert untied.num_parameters() - n_sep == 40 * 16
+
+
+def test_too_long_input_raises_clearly():
+    m = small_model(max_source_positions=8)
+    with pytest.raises(ValueError, match="max positions"):
+        m.encode(torch.randint(4, 40, (1, 12)))
+
+
+def test_unknown_stack_setting_is_rejected():
+    with pytest.raises(ValueError, match="unknown encoder/decoder settings"):
+        small_model(encoder=dict(layers=1, ffn_dim=8, mixer=None, heads=3))

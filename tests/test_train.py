@@ -1,0 +1,142 @@
+"""End-to-end runs of train.py / generate.py in subprocesses (working directory elsewhere on purpose)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import TINY, describe, run
+
+pytestmark = pytest.mark.slow
+
+
+def checkpoints(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.rglob("*.ckpt"))
+
+
+def test_default_train_fast_variant(tmp_path):
+    proc = run("train.py", [*TINY, "trainer.max_epochs=2"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert "test BLEU:" in proc.stdout
+    assert "sacreBLEU: nrefs:1|case:mixed|eff:no|tok:13a" in proc.stdout
+    ckpt_line = [line for line in proc.stdout.splitlines() if line.startswith("checkpoint: ")][-1]
+    assert Path(ckpt_line.split(": ", 1)[1]).is_file()
+    assert any("parameters: " in line for line in proc.stdout.splitlines())
+
+
+def test_resume_continues_steps_lr_and_optimizer(tmp_path):
+    first = run("train.py", [*TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "run_test=false",
+                             "trainer.limit_val_batches=1", "scheduler.warmup_updates=100"], tmp_path / "a")
+    assert first.returncode == 0, describe(first)
+    last = next(p for p in checkpoints(tmp_path / "a") if p.name == "last.ckpt")
+    before = torch.load(last, weights_only=False)
+    assert before["global_step"] == 6
+    second = run("train.py", [*TINY, "trainer.max_steps=10", "trainer.max_epochs=-1", "run_test=false",
+                              "trainer.limit_val_batches=1", "scheduler.warmup_updates=100",
+                              f"ckpt_path={last}"], tmp_path / "b")
+    assert second.returncode == 0, describe(second)
+    after = torch.load(next(p for p in checkpoints(tmp_path / "b") if p.name == "last.ckpt"), weights_only=False)
+    assert after["global_step"] == 10
+    adam_steps = {float(s["step"]) for s in after["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {10.0}, "optimizer state was not restored (Adam step counts restarted)"
+    sched = after["lr_schedulers"][0]
+    assert sched["last_epoch"] == 10
+    peak = 1e-3
+    expected = 1e-7 / peak + (1 - 1e-7 / peak) * 10 / 100
+    assert after["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(peak * expected, rel=1e-6)
+
+
+def test_two_process_cpu_ddp(tmp_path):
+    proc = run("train.py", [*TINY, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
+                            "trainer.max_epochs=1", "trainer.limit_val_batches=1"], tmp_path, timeout=900)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.count("test BLEU:") == 1  # printed by rank 0 only
+    assert checkpoints(tmp_path)
+
+
+def test_multirun_two_jobs_two_dirs_two_wandb_runs(tmp_path):
+    proc = run("train.py", ["-m", "seed=1,2", *[a for a in TINY if a != "logger=csv"], "logger=wandb",
+                            "trainer.max_epochs=1", "run_test=false", "trainer.limit_val_batches=1"],
+               tmp_path, timeout=900, env={"WANDB_MODE": "", "WANDB_API_KEY": ""})
+    assert proc.returncode == 0, describe(proc)
+    sweep = next((tmp_path / "multiruns").iterdir())
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job in jobs:
+        assert list(job.rglob("*.ckpt")), f"no checkpoint in {job}"
+        runs = list((job / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1, f"expected one offline wandb run in {job}, found {runs}"
+
+
+def test_generate_scores_a_split_and_averages(tmp_path):
+    train = run("train.py", [*TINY, "trainer.max_epochs=3", "run_test=false", "keep_last_epochs=2"], tmp_path / "t")
+    assert train.returncode == 0, describe(train)
+    best = next(p for p in checkpoints(tmp_path / "t") if p.name == "best.ckpt")
+    gen = run("generate.py", [f"ckpt_path={best}", "split=test", "beam_size=2"], tmp_path / "g")
+    assert gen.returncode == 0, describe(gen)
+    assert "sacreBLEU: nrefs:1" in gen.stdout
+    hyp_file = Path(next(line for line in gen.stdout.splitlines() if line.startswith("hypotheses: ")).split(": ")[1])
+    assert len(hyp_file.read_text().splitlines()) == 40
+    avg = run("generate.py", [f"ckpt_path={best}", "split=test", "average_last=2"], tmp_path / "g2")
+    assert avg.returncode == 0, describe(avg)
+    assert "BLEU: " in avg.stdout
+
+
+# --- bad input: one clear message, non-zero exit, nothing left that looks valid ---------------------------
+
+def assert_clean_failure(proc, log_dir: Path, *needles: str):
+    assert proc.returncode != 0, describe(proc)
+    assert "Traceback" not in proc.stderr, describe(proc)
+    for needle in needles:
+        assert needle in proc.stderr + proc.stdout, describe(proc)
+    assert not checkpoints(log_dir)
+    runs = log_dir / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), f"left behind: {list(runs.iterdir())}"
+
+
+def write_gz(path: Path, lines: list[str]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("override,needle", [("model=no_such_model", "Available options"),
+                                             ("task=no_such_task", "Available options")])
+def test_unknown_names(tmp_path, override, needle):
+    assert_clean_failure(run("train.py", [override], tmp_path), tmp_path, needle)
+
+
+def test_missing_data_path(tmp_path):
+    proc = run("train.py", ["task=multi30k_ende", f"task.data.source.path={tmp_path}/nowhere", "logger=csv"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "nowhere", "task.data.source.path")
+
+
+def test_mismatched_line_counts(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_gz(data / "train.en.gz", ["a b", "c d", "e f"])
+    write_gz(data / "train.de.gz", ["a b", "c d"])
+    proc = run("train.py", ["task=multi30k_ende", f"task.data.source.path={data}", "logger=csv"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "3", "2")
+
+
+def test_empty_training_file(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.en").write_text("")
+    (data / "train.de").write_text("")
+    proc = run("train.py", ["task=multi30k_ende", f"task.data.source.path={data}", "logger=csv"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "empty")
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path):
+    proc = run("train.py", [*TINY, f"ckpt_path={tmp_path}/missing.ckpt"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "does not exist")
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"\x00not a checkpoint" * 10)
+    proc = run("generate.py", [f"ckpt_path={bad}"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "corrupt")
+    proc = run("train.py", [*TINY, f"ckpt_path={bad}"], tmp_path)
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "corrupt")

@@ -1,0 +1,21 @@
+"""Train a seqmix model: `python train.py model=dynamicconv task=wmt_ende` (see README)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from seqmix.cli.common import user_errors_exit
+from seqmix.cli.resolvers import register_resolvers
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@user_errors_exit
+def main(cfg: DictConfig):
+    from seqmix.cli.train import train
+
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    main()

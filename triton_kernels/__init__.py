@@ -1,0 +1,1 @@
+"""Triton kernels (one folder per op: kernels.py, ops.py, reference.py). Never imports seqmix."""
