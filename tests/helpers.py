@@ -29,6 +29,7 @@ TINY = [
 
 def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None
         ) -> subprocess.CompletedProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "SEQMIX_LOG_DIR": str(log_dir), "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
                 "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,

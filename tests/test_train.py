@@ -132,11 +132,13 @@ def test_empty_training_file(tmp_path):
 
 
 def test_missing_and_corrupt_checkpoints(tmp_path):
-    proc = run("train.py", [*TINY, f"ckpt_path={tmp_path}/missing.ckpt"], tmp_path)
-    assert_clean_failure(proc, tmp_path, "seqmix: error:", "does not exist")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = run("train.py", [*TINY, f"ckpt_path={tmp_path}/missing.ckpt"], logs)
+    assert_clean_failure(proc, logs, "seqmix: error:", "does not exist")
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"\x00not a checkpoint" * 10)
-    proc = run("generate.py", [f"ckpt_path={bad}"], tmp_path)
-    assert_clean_failure(proc, tmp_path, "seqmix: error:", "corrupt")
-    proc = run("train.py", [*TINY, f"ckpt_path={bad}"], tmp_path)
-    assert_clean_failure(proc, tmp_path, "seqmix: error:", "corrupt")
+    proc = run("generate.py", [f"ckpt_path={bad}"], logs)
+    assert_clean_failure(proc, logs, "seqmix: error:", "corrupt")
+    proc = run("train.py", [*TINY, f"ckpt_path={bad}"], logs)
+    assert_clean_failure(proc, logs, "seqmix: error:", "corrupt")
