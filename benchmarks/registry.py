@@ -37,11 +37,22 @@ def self_attention(heads: int = 8) -> MixerFactory:
     return make
 
 
+def head_conv(class_name: str, heads: int = 8, kernel_size: int = 31) -> MixerFactory:
+    """LightConv / DynamicConv with the fast PyTorch path on CPU (Triton on CUDA)."""
+
+    def make(embed_dim: int, causal: bool) -> TokenMixer:
+        import seqmix.mixers
+
+        return getattr(seqmix.mixers, class_name)(embed_dim, num_heads=heads, kernel_size=kernel_size, causal=causal)
+
+    return make
+
+
 ENTRIES: list[MixerEntry] = [
     MixerEntry("self_attention", self_attention(8), note="torch SDPA, 8 heads (baseline)"),
     MixerEntry("self_attention_causal", self_attention(8), causal=True, note="torch SDPA, 8 heads, is_causal"),
-    # Later mixers: one line each, e.g.
-    # MixerEntry("lightconv", lightconv(kernel_size=31), note="..."),
+    MixerEntry("lightconv", head_conv("LightConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
+    MixerEntry("dynamicconv", head_conv("DynamicConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
 ]
 
 BASELINE = ENTRIES[0].name

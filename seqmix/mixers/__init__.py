@@ -1,7 +1,10 @@
 """Token mixers: one module per mixer, one protocol (``seqmix.mixers.base``)."""
 
 from seqmix.mixers.base import MixerState, TokenMixer
+from seqmix.mixers.dynamicconv import DynamicConv
+from seqmix.mixers.lightconv import LightConv
 from seqmix.mixers.multihead_attention import MultiheadAttention
 from seqmix.mixers.self_attention import KeyValueCache, SelfAttention
 
-__all__ = ["MixerState", "TokenMixer", "MultiheadAttention", "SelfAttention", "KeyValueCache"]
+__all__ = ["MixerState", "TokenMixer", "MultiheadAttention", "SelfAttention", "KeyValueCache", "LightConv",
+           "DynamicConv"]

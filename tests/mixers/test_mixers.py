@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from seqmix.mixers import SelfAttention
+from seqmix.mixers import DynamicConv, LightConv, SelfAttention
 
-C, H = 16, 4
+C, H, K = 16, 4, 7
 
 
 def attention_reference(mixer: SelfAttention, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
@@ -34,8 +34,44 @@ def attention_reference(mixer: SelfAttention, x: torch.Tensor, key_padding_mask=
     return out @ a.out_proj.weight.double().T + a.out_proj.bias.double()
 
 
+def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+    """Wu et al. 2019: Linear+GLU, zero pads, y_{i,c} = Σ_j softmax(W)_{h(c),j} · x_{i+j−p, c}, Linear.
+
+    Loops over taps in float64; the taps come from the (H, K) weight (LightConv) or from a linear map of
+    the conv input at position i (DynamicConv); softmax always runs over all K taps.
+    """
+    x = x.double()
+    lin1, lin2 = m.linear1, m.linear2
+    h = x @ lin1.weight.double().T + lin1.bias.double()
+    if m.glu:
+        a, g = h.chunk(2, dim=-1)
+        h = a * torch.sigmoid(g)
+    if key_padding_mask is not None:
+        h = h * (~key_padding_mask).unsqueeze(-1).double()
+    b, t, c = h.shape
+    conv = m.conv
+    if isinstance(m, DynamicConv):
+        raw = h @ conv.weight_linear.weight.double().T
+        taps = torch.softmax(raw.view(b, t, conv.num_heads, conv.kernel_size), dim=-1)
+    else:
+        taps = torch.softmax(conv.weight.double().squeeze(1), dim=-1).expand(b, t, -1, -1)
+    heads_of_channel = torch.arange(c) // (c // conv.num_heads)
+    pad = m.padding_l
+    y = torch.zeros_like(h)
+    for i in range(t):
+        for j in range(conv.kernel_size):
+            src = i + j - pad
+            if 0 <= src < t:
+                y[:, i] += taps[:, i, heads_of_channel, j] * h[:, src]
+    return y @ lin2.weight.double().T + lin2.bias.double()
+
+
 MIXERS = {
     "self_attention": (lambda causal: SelfAttention(C, H, causal=causal), attention_reference),
+    "lightconv": (lambda causal: LightConv(C, H, K, causal=causal), head_conv_reference),
+    "dynamicconv": (lambda causal: DynamicConv(C, H, K, causal=causal), head_conv_reference),
+    # even kernel: fairseq's encoder convention (K−1)//2 taps on the left
+    "dynamicconv_even_k": (lambda causal: DynamicConv(C, 2, 4, causal=causal, glu=False), head_conv_reference),
 }
 
 
@@ -129,6 +165,16 @@ def test_reorder_follows_beams(mixer_name):
     out = m(x[index, 4:5], state=state)
     full = m(x[index, :5])
     torch.testing.assert_close(out[:, 0], full[:, 4], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float64_gradcheck(mixer_name, causal):
+    """The PyTorch path's gradients are exact (finite differences, float64, tiny shapes)."""
+    m = make(mixer_name, causal).double()
+    x = torch.randn(2, 5, C, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, 3:] = True
+    assert torch.autograd.gradcheck(lambda inp: m(inp, key_padding_mask=None if causal else mask), (x,))
 
 
 def test_incremental_state_needs_causal(mixer_name):

@@ -1,0 +1,120 @@
+"""What LightConv, DynamicConv and TaLK share around their core operation (Wu et al. 2019, Fig. 2b/c):
+
+    input dropout → Linear(d, 2d) + GLU (or Linear(d, d)) → zero the pads → core op → Linear(d, d)
+
+plus a kernel size per layer and the decoder's window cache. Subclasses implement ``core``.
+Parameter names follow fairseq (``linear1``, ``linear2``, ``conv``) so its weights map 1:1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmix.mixers.base import (
+    MixerState,
+    TokenMixer,
+    check_incremental_call,
+    index_select_batch,
+    zero_padding,
+)
+
+
+def xavier_linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(d_in, d_out, bias=bias)
+    nn.init.xavier_uniform_(layer.weight)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def kernel_size_for_layer(kernel_size: int | Sequence[int], layer_idx: int) -> int:
+    if isinstance(kernel_size, int):
+        return kernel_size
+    sizes = list(kernel_size)
+    if layer_idx >= len(sizes):
+        raise ValueError(f"kernel_size list {sizes} has no entry for layer {layer_idx}; give one per layer")
+    return int(sizes[layer_idx])
+
+
+def encoder_padding(kernel_size: int) -> int:
+    """Centered window: K//2 on the left for odd K; fairseq's (K−1)//2 for even K (one more tap on the right)."""
+    return kernel_size // 2 if kernel_size % 2 == 1 else (kernel_size - 1) // 2
+
+
+@dataclass
+class WindowState(MixerState):
+    """The last K−1 inputs of the core op (zeros before the sequence starts)."""
+
+    window: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        self.window = index_select_batch(self.window, index)
+
+
+class ProjectedConvMixer(TokenMixer):
+    def __init__(self, embed_dim: int, kernel_size: int | Sequence[int], causal: bool = False, layer_idx: int = 0,
+                 glu: bool = True, input_dropout: float = 0.0, conv_dim: int | None = None) -> None:
+        super().__init__(embed_dim, causal, layer_idx)
+        self.kernel_size = kernel_size_for_layer(kernel_size, layer_idx)
+        if self.kernel_size < 1:
+            raise ValueError("kernel_size must be >= 1")
+        self.padding_l = self.kernel_size - 1 if causal else encoder_padding(self.kernel_size)
+        self.conv_dim = conv_dim or embed_dim
+        self.glu = glu
+        self.input_dropout = input_dropout
+        self.linear1 = xavier_linear(embed_dim, 2 * self.conv_dim if glu else self.conv_dim)
+        self.linear2 = xavier_linear(self.conv_dim, embed_dim)
+
+    def core(self, x: Tensor, padding_l: int) -> Tensor:  # pragma: no cover - interface
+        """The convolution-like op on (B, T, conv_dim) with ``padding_l`` steps of left context."""
+        raise NotImplementedError
+
+    def init_state(self) -> WindowState:
+        if not self.causal:
+            raise NotImplementedError("incremental decoding needs a causal mixer")
+        return WindowState()
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None) -> Tensor:
+        check_incremental_call(self, x, state)
+        x = F.dropout(x, p=self.input_dropout, training=self.training)
+        x = self.linear1(x)
+        if self.glu:
+            x = F.glu(x, dim=-1)
+        x = zero_padding(x, key_padding_mask)
+        if state is None:
+            y = self.core(x, self.padding_l)
+        else:
+            y = self._step(x, state)
+        return self.linear2(y)
+
+    def _step(self, x: Tensor, state: WindowState) -> Tensor:
+        """New step(s) of a causal layer: run the op over [cache, x] and keep the outputs of x."""
+        n, history = x.size(1), self.kernel_size - 1
+        if state.window is None:
+            state.window = x.new_zeros(x.size(0), history, x.size(2))
+        window = torch.cat([state.window, x], dim=1)
+        y = self.core(window, self.padding_l)[:, -n:]
+        state.window = window[:, window.size(1) - history:] if history else window[:, :0]
+        return y
+
+
+class HeadConvMixer(ProjectedConvMixer):
+    """The block's mixer around a :class:`~seqmix.mixers.head_conv.HeadConvolution` (``conv_cls``)."""
+
+    conv_cls: type
+
+    def __init__(self, embed_dim: int, num_heads: int, kernel_size: int | Sequence[int], causal: bool = False,
+                 layer_idx: int = 0, glu: bool = True, weight_softmax: bool = True, weight_dropout: float = 0.0,
+                 input_dropout: float = 0.0, bias: bool = False, conv_dim: int | None = None,
+                 kernel_backend: str = "auto") -> None:
+        super().__init__(embed_dim, kernel_size, causal, layer_idx, glu, input_dropout, conv_dim)
+        self.conv = self.conv_cls(self.conv_dim, self.kernel_size, num_heads, weight_softmax, weight_dropout,
+                                  bias, kernel_backend)
+
+    def core(self, x: Tensor, padding_l: int) -> Tensor:
+        return self.conv(x, padding_l)

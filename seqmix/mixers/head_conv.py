@@ -1,0 +1,56 @@
+"""Per-head 1-D convolution with softmax-normalized taps and DropConnect: the core shared by LightConv
+(taps fixed per head) and DynamicConv (taps predicted per position). Subclasses only say where the raw
+taps come from; dispatch between the Triton kernel and the PyTorch path lives here once."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmix.mixers.backend import check_backend, use_triton
+from seqmix.mixers.banded import banded_conv
+
+
+class HeadConvolution(nn.Module):
+    #: ``triton_kernels`` module and function serving CUDA tensors, e.g. ("lightconv", "lightconv")
+    triton_op: tuple[str, str]
+
+    def __init__(self, channels: int, kernel_size: int, num_heads: int, weight_softmax: bool = True,
+                 weight_dropout: float = 0.0, kernel_backend: str = "auto") -> None:
+        super().__init__()
+        if channels % num_heads:
+            raise ValueError(f"conv channels {channels} must be divisible by num_heads {num_heads}")
+        self.channels = channels
+        self.num_heads = num_heads
+        self.kernel_size = kernel_size
+        self.weight_softmax = weight_softmax
+        self.weight_dropout = weight_dropout
+        self.kernel_backend = check_backend(kernel_backend)
+
+    def raw_taps(self, x: Tensor) -> Tensor:  # pragma: no cover - interface
+        """(H, K) or (B, T, H, K) unnormalized taps."""
+        raise NotImplementedError
+
+    def output_bias(self) -> Tensor | None:
+        return None
+
+    def taps(self, x: Tensor) -> Tensor:
+        """Normalized taps in fp32 or wider (softmax over all K taps, then DropConnect in training)."""
+        w = self.raw_taps(x)
+        w = w.to(torch.promote_types(w.dtype, torch.float32))
+        if self.weight_softmax:
+            w = torch.softmax(w, dim=-1)
+        return F.dropout(w, p=self.weight_dropout, training=self.training)
+
+    def forward(self, x: Tensor, padding_l: int) -> Tensor:
+        w = self.taps(x)
+        if use_triton(self.kernel_backend, x):
+            import importlib
+
+            module, fn = self.triton_op
+            y = getattr(importlib.import_module(f"triton_kernels.{module}.ops"), fn)(x, w, padding_l)
+        else:
+            y = banded_conv(x, w, padding_l)
+        bias = self.output_bias()
+        return y if bias is None else y + bias

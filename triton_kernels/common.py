@@ -1,0 +1,147 @@
+"""Helpers shared by the LightConv and DynamicConv Triton ops (validation, blocks, op registration).
+
+Kept deliberately small: anything op-specific lives in the op's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The tap loop is a runtime loop (not unrolled), so registers do not grow with K; the cap only bounds
+# compile variety and what the AOT test has to vouch for.
+MAX_K = 128
+_INT32_MAX = 2**31 - 1
+_TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+# Read once at import: @triton.jit picks interpreter vs. compiler when the kernels are defined (also at
+# import), and torch.compile cannot trace triton's C-level env lookup.
+_INTERPRETING = bool(triton.knobs.runtime.interpret)
+# NaN-fill fresh outputs so an element a kernel forgot to write fails loudly. Always on under the
+# interpreter (tests); on GPU only with SEQMIX_TRITON_NAN_FILL=1, as the fill is an extra memory pass.
+_NAN_FILL = _INTERPRETING or os.environ.get("SEQMIX_TRITON_NAN_FILL", "0") == "1"
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRETING
+
+
+def nan_fill_outputs() -> bool:
+    return _NAN_FILL
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if nan_fill_outputs():
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def clamp_block(n: int, lo: int, hi: int) -> int:
+    """Power-of-two block covering n, kept in [lo, hi] (tl.arange needs powers of two)."""
+    return max(lo, min(hi, next_power_of_2(n)))
+
+
+def triton_type(dtype: torch.dtype) -> str:
+    """Triton signature spelling of a supported torch dtype ("fp16", ...), for AOT signatures."""
+    return _TRITON_TYPE[dtype]
+
+
+def check_tensor(name: str, t: Any, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has unsupported dtype {t.dtype}; supported: float32, float16, bfloat16")
+
+
+def check_device(x: torch.Tensor, *others: tuple[str, torch.Tensor]) -> None:
+    """Kernels run on CUDA, or on CPU only through the Triton interpreter."""
+    dev = x.device
+    if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
+        raise ValueError(
+            f"Triton kernels need a CUDA tensor (or CPU with TRITON_INTERPRET=1 set before import); "
+            f"got device {dev}"
+        )
+    for name, t in others:
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but x is on {dev}")
+
+
+def check_kernel_size(K: int) -> None:
+    if K < 1 or K > MAX_K:
+        raise ValueError(f"kernel size K={K} is not supported (1 <= K <= {MAX_K})")
+
+
+def check_padding(padding_l: Any, K: int) -> int:
+    if isinstance(padding_l, bool) or not isinstance(padding_l, int):
+        raise TypeError(f"padding_l must be an int, got {type(padding_l).__name__}")
+    if not 0 <= padding_l <= K - 1:
+        raise ValueError(f"padding_l={padding_l} out of range [0, K-1={K - 1}]")
+    return padding_l
+
+
+def check_heads(C: int, H: int) -> int:
+    """Channels per head; heads are contiguous channel blocks, so C must split evenly."""
+    if H < 1 or C % H != 0:
+        raise ValueError(f"channels C={C} must be divisible by the number of heads H={H}")
+    return C // H
+
+
+def check_int32(what: str, n: int) -> None:
+    """In-kernel offsets within one batch row are int32; refuse sizes that would wrap."""
+    if n > _INT32_MAX:
+        raise ValueError(f"{what}={n} exceeds int32 indexing of the kernels")
+
+
+def autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Under autocast for the tensors' device, run the op in the autocast dtype (fp16/bf16).
+
+    Custom ops are not covered by autocast's op lists, so we cast explicitly; the cast sits in the
+    autograd graph, so gradients flow back to fp32 parameters in their own dtype.
+    """
+    dev = tensors[0].device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return tensors
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dtype) for t in tensors)
+
+
+def define_op(name: str, fn: Callable, fake: Callable):
+    """Register `fn` as a torch op traceable by torch.compile.
+
+    On GPU it is a `triton_op` (the compiler sees the kernels). Under the interpreter the kernels are
+    plain Python callables that read tensor data, which functionalization/fake tracing cannot do, so
+    the op is registered opaque (`custom_op` + fake impl) instead. Same body, same schema.
+    """
+    if interpreting():
+        op = torch.library.custom_op(name, fn, mutates_args=())
+        op.register_fake(fake)
+        return op
+    return torch.library.triton_op(name, fn, mutates_args=())
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One @triton.jit kernel and how to AOT-compile it.
+
+    `build(K, dtype, C, H)` returns (signature, constexprs, num_warps) exactly as the op would launch
+    it for that model width C and head count H (block sizes may depend on C/H; runtime ints do not).
+    """
+
+    name: str
+    fn: Any
+    build: Callable[[int, torch.dtype, int, int], tuple[dict[str, str], dict[str, Any], int]]
+    notes: str = ""
