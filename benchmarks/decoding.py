@@ -70,23 +70,13 @@ def _device(name: str) -> torch.device:
 def decode_once(model, tokenizer, dataset, refs: list[str], search, max_tokens: int, device: torch.device,
                 bleu_opts: dict) -> DecodeResult:
     """Decode the whole dataset once with ``search``; time everything from batching to detokenized text."""
-    from seqmix.data import TokenBudgetBatchSampler, collate_pairs
+    from seqmix.generation.decode import decode_dataset
     from seqmix.metrics import corpus_bleu
 
-    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens, shuffle=False)
-    hyps = [""] * len(dataset)
-    generated = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    with torch.inference_mode():
-        for batch_idx in sampler:
-            batch = collate_pairs([dataset[i] for i in batch_idx], tokenizer.pad, tokenizer.bos, tokenizer.eos)
-            out = search.generate(model, batch["src_tokens"].to(device))
-            for i, h in zip(batch["id"].tolist(), out):
-                if h:
-                    generated += len(h[0].tokens)
-                    hyps[i] = tokenizer.decode(h[0].tokens.tolist())
+    hyps, generated = decode_dataset(model, tokenizer, dataset, search, max_tokens, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start

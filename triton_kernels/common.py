@@ -145,3 +145,54 @@ class KernelSpec:
     fn: Any
     build: Callable[[int, torch.dtype, int, int], tuple[dict[str, str], dict[str, Any], int]]
     notes: str = ""
+
+
+def register_conv_op(name: str, validate: Callable, launch_forward: Callable, launch_backward: Callable,
+                     doc: str) -> Callable:
+    """Register ``seqmix::<name>_forward`` / ``_backward`` with autograd and return the public function.
+
+    Both convolution ops (LightConv, DynamicConv) take ``(x, weight, padding_l)`` and return ``y``; the
+    backward op returns ``(dx, dw)``. Only the validation and the kernel launches differ between them.
+    """
+
+    def forward_body(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
+        return launch_forward(x.contiguous(), weight.contiguous(), padding_l)
+
+    def forward_fake(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
+        validate(x, weight, padding_l)
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    def backward_body(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch_backward(dy.to(x.dtype).contiguous(), x.contiguous(), weight.contiguous(), padding_l)
+
+    def backward_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        validate(x, weight, padding_l)
+        return (torch.empty_like(x, memory_format=torch.contiguous_format),
+                torch.empty_like(weight, memory_format=torch.contiguous_format))
+
+    forward_op = define_op(f"seqmix::{name}_forward", forward_body, forward_fake)
+    backward_op = define_op(f"seqmix::{name}_backward", backward_body, backward_fake)
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, padding_l = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.padding_l = padding_l
+
+    def autograd_backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = backward_op(dy, x, weight, ctx.padding_l)
+        return dx, dw, None
+
+    forward_op.register_autograd(autograd_backward, setup_context=setup_context)
+
+    def public(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
+        validate(x, weight, padding_l)
+        x, weight = autocast_inputs(x, weight)
+        return forward_op(x, weight, padding_l)
+
+    public.__name__ = name
+    public.__doc__ = doc
+    public.forward_op, public.backward_op = forward_op, backward_op
+    return public

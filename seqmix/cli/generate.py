@@ -12,9 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from seqmix.checkpoint import average_checkpoints, latest_epoch_checkpoints, load_checkpoint
 from seqmix.cli.common import build_model, count_parameters
-from seqmix.data import PairDataset, TokenBudgetBatchSampler, Tokenizer, collate_pairs
+from seqmix.data import PairDataset, Tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
+from seqmix.generation.decode import decode_dataset
 from seqmix.metrics import corpus_bleu
 
 GENERATION_KEYS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
@@ -81,20 +82,12 @@ def generate(cfg: DictConfig) -> float | None:
         raise SeqmixError(f"{len(too_long)} source lines are longer than the model's max_source_positions={max_src} "
                           f"tokens (lines {too_long[:5]}...); split or shorten them")
     dataset = PairDataset(src_ids, [[] for _ in src_ids], src_texts, refs or ["" for _ in src_texts])
-    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=int(cfg.max_tokens),
-                                      shuffle=False)
     gen_opts = dict(train_cfg.task.generation)
     gen_opts.update({k: cfg[k] for k in GENERATION_KEYS if cfg.get(k) is not None})
     search = BeamSearch(bos=tokenizer.bos, eos=tokenizer.eos, pad=tokenizer.pad, unk=tokenizer.unk,
                         max_target_positions=int(train_cfg.model.max_target_positions), **gen_opts)
-    hyps = [""] * len(src_texts)
     start = time.perf_counter()
-    with torch.inference_mode():
-        for batch_idx in sampler:
-            batch = collate_pairs([dataset[i] for i in batch_idx], tokenizer.pad, tokenizer.bos, tokenizer.eos)
-            out = search.generate(model, batch["src_tokens"].to(device))
-            for i, h in zip(batch["id"].tolist(), out):
-                hyps[i] = tokenizer.decode(h[0].tokens.tolist()) if h else ""
+    hyps, _ = decode_dataset(model, tokenizer, dataset, search, int(cfg.max_tokens), device)
     elapsed = time.perf_counter() - start
     out_path = Path(cfg.output)
     out_path.parent.mkdir(parents=True, exist_ok=True)

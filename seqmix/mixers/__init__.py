@@ -5,6 +5,7 @@ from seqmix.mixers.dynamicconv import DynamicConv
 from seqmix.mixers.lightconv import LightConv
 from seqmix.mixers.multihead_attention import MultiheadAttention
 from seqmix.mixers.self_attention import KeyValueCache, SelfAttention
+from seqmix.mixers.talk import TaLK
 
 __all__ = ["MixerState", "TokenMixer", "MultiheadAttention", "SelfAttention", "KeyValueCache", "LightConv",
-           "DynamicConv"]
+           "DynamicConv", "TaLK"]

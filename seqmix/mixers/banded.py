@@ -57,12 +57,12 @@ def banded_conv(x: Tensor, weight: Tensor, padding_l: int, chunk: int | None = N
     xp = F.pad(x, (0, 0, padding_l, padded_len - length + k - 1 - padding_l))  # (B, nL+K-1, C)
     windows = xp.unfold(1, chunk + k - 1, chunk)  # (B, n, C, L+K-1)
     windows = windows.reshape(bsz, n, heads, g, chunk + k - 1).transpose(-1, -2)  # (B, n, H, L+K-1, G)
-    if weight.dim() == 2:  # shared taps: one band per head, broadcast over batch and chunks
+    if weight.dim() == 2:  # shared taps: one band per head, one wide GEMM per head over all chunks
         band = band_matrices(weight.unsqueeze(1).expand(heads, chunk, k), chunk)  # (H, L, L+K-1)
-    else:
+        cols = windows.permute(2, 3, 0, 1, 4).reshape(heads, chunk + k - 1, bsz * n * g)
+        out = torch.matmul(band, cols).view(heads, chunk, bsz, n, g).permute(2, 3, 1, 0, 4)
+    else:  # per-position taps: one small GEMM per (batch, chunk, head)
         w = F.pad(weight, (0, 0, 0, 0, 0, padded_len - length))  # (B, nL, H, K)
         w = w.reshape(bsz, n, chunk, heads, k).permute(0, 1, 3, 2, 4)  # (B, n, H, L, K)
-        band = band_matrices(w, chunk)  # (B, n, H, L, L+K-1)
-    out = torch.matmul(band, windows)  # (B, n, H, L, G)
-    out = out.permute(0, 1, 3, 2, 4).reshape(bsz, padded_len, channels)
-    return out[:, :length].to(out_dtype)
+        out = torch.matmul(band_matrices(w, chunk), windows).permute(0, 1, 3, 2, 4)  # (B, n, L, H, G)
+    return out.reshape(bsz, padded_len, channels)[:, :length].to(out_dtype)

@@ -57,21 +57,25 @@ class WindowState(MixerState):
 
 
 class ProjectedConvMixer(TokenMixer):
+    """The shared block; ``kernel_size`` is the layer's window parameter (a conv's K, TaLK's max offset)."""
+
     def __init__(self, embed_dim: int, kernel_size: int | Sequence[int], causal: bool = False, layer_idx: int = 0,
                  glu: bool = True, input_dropout: float = 0.0, conv_dim: int | None = None) -> None:
         super().__init__(embed_dim, causal, layer_idx)
         self.kernel_size = kernel_size_for_layer(kernel_size, layer_idx)
         if self.kernel_size < 1:
             raise ValueError("kernel_size must be >= 1")
-        self.padding_l = self.kernel_size - 1 if causal else encoder_padding(self.kernel_size)
         self.conv_dim = conv_dim or embed_dim
         self.glu = glu
         self.input_dropout = input_dropout
         self.linear1 = xavier_linear(embed_dim, 2 * self.conv_dim if glu else self.conv_dim)
         self.linear2 = xavier_linear(self.conv_dim, embed_dim)
 
-    def core(self, x: Tensor, padding_l: int) -> Tensor:  # pragma: no cover - interface
-        """The convolution-like op on (B, T, conv_dim) with ``padding_l`` steps of left context."""
+    #: past inputs of the core op a decoder step needs (the default window-cache step)
+    history: int = 0
+
+    def core(self, x: Tensor) -> Tensor:  # pragma: no cover - interface
+        """The op on the whole (B, T, conv_dim) sequence."""
         raise NotImplementedError
 
     def init_state(self) -> WindowState:
@@ -86,19 +90,19 @@ class ProjectedConvMixer(TokenMixer):
         if self.glu:
             x = F.glu(x, dim=-1)
         x = zero_padding(x, key_padding_mask)
-        if state is None:
-            y = self.core(x, self.padding_l)
-        else:
-            y = self._step(x, state)
+        y = self.core(x) if state is None else self.step(x, state)
         return self.linear2(y)
 
-    def _step(self, x: Tensor, state: WindowState) -> Tensor:
-        """New step(s) of a causal layer: run the op over [cache, x] and keep the outputs of x."""
-        n, history = x.size(1), self.kernel_size - 1
+    def step(self, x: Tensor, state: WindowState) -> Tensor:
+        """New step(s) of a causal layer: run the op over [cache, x] and keep the outputs of x.
+
+        The cache starts as zeros, which is what the causal op sees before the sequence starts.
+        """
+        n, history = x.size(1), self.history
         if state.window is None:
             state.window = x.new_zeros(x.size(0), history, x.size(2))
         window = torch.cat([state.window, x], dim=1)
-        y = self.core(window, self.padding_l)[:, -n:]
+        y = self.core(window)[:, -n:]
         state.window = window[:, window.size(1) - history:] if history else window[:, :0]
         return y
 
@@ -113,8 +117,10 @@ class HeadConvMixer(ProjectedConvMixer):
                  input_dropout: float = 0.0, bias: bool = False, conv_dim: int | None = None,
                  kernel_backend: str = "auto") -> None:
         super().__init__(embed_dim, kernel_size, causal, layer_idx, glu, input_dropout, conv_dim)
+        self.padding_l = self.kernel_size - 1 if causal else encoder_padding(self.kernel_size)
+        self.history = self.kernel_size - 1
         self.conv = self.conv_cls(self.conv_dim, self.kernel_size, num_heads, weight_softmax, weight_dropout,
                                   bias, kernel_backend)
 
-    def core(self, x: Tensor, padding_l: int) -> Tensor:
-        return self.conv(x, padding_l)
+    def core(self, x: Tensor) -> Tensor:
+        return self.conv(x, self.padding_l)

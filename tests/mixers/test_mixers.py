@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from seqmix.mixers import DynamicConv, LightConv, SelfAttention
+from seqmix.mixers import DynamicConv, LightConv, SelfAttention, TaLK
 
 C, H, K = 16, 4, 7
 
@@ -66,12 +66,42 @@ def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tens
     return y @ lin2.weight.double().T + lin2.bias.double()
 
 
+def talk_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+    """Lioutas & Guo 2020 §3 in integral form: y_i = (1/K) ∫_{a_l}^{a_r+1} x[⌊t⌋] dt, computed as the overlap
+    of each unit bin [j, j+1) with the window (no prefix sums), float64."""
+    x = x.double()
+    lin1, lin2 = m.linear1, m.linear2
+    h = x @ lin1.weight.double().T + lin1.bias.double()
+    if m.glu:
+        a, g = h.chunk(2, dim=-1)
+        h = a * torch.sigmoid(g)
+    if key_padding_mask is not None:
+        h = h * (~key_padding_mask).unsqueeze(-1).double()
+    b, t, c = h.shape
+    heads = m.num_heads
+    sigma = torch.sigmoid(h @ m.offset_proj.weight.double().T + m.offset_proj.bias.double())
+    norm = m.l_max + m.r_max + 1
+    bins = torch.arange(t, dtype=torch.float64)
+    y = torch.zeros_like(h)
+    for i in range(t):
+        for head in range(heads):
+            lo = (i - sigma[:, i, head] * m.l_max).clamp(0, t - 1)  # (B,)
+            hi = (i + sigma[:, i, heads + head] * m.r_max).clamp(0, t - 1) + 1 if not m.causal else \
+                torch.full_like(lo, i + 1.0)
+            overlap = (torch.minimum(bins + 1, hi[:, None]) - torch.maximum(bins, lo[:, None])).clamp(min=0)
+            sl = slice(head * (c // heads), (head + 1) * (c // heads))
+            y[:, i, sl] = (overlap[:, :, None] * h[:, :, sl]).sum(1) / norm
+    return y @ lin2.weight.double().T + lin2.bias.double()
+
+
 MIXERS = {
     "self_attention": (lambda causal: SelfAttention(C, H, causal=causal), attention_reference),
     "lightconv": (lambda causal: LightConv(C, H, K, causal=causal), head_conv_reference),
     "dynamicconv": (lambda causal: DynamicConv(C, H, K, causal=causal), head_conv_reference),
     # even kernel: fairseq's encoder convention (K−1)//2 taps on the left
     "dynamicconv_even_k": (lambda causal: DynamicConv(C, 2, 4, causal=causal, glu=False), head_conv_reference),
+    "talk": (lambda causal: TaLK(C, H, K, causal=causal), talk_reference),
+    "talk_no_glu_k1": (lambda causal: TaLK(C, 2, 1, causal=causal, glu=False), talk_reference),
 }
 
 
@@ -181,3 +211,29 @@ def test_incremental_state_needs_causal(mixer_name):
     m = make(mixer_name, causal=False)
     with pytest.raises(ValueError, match="causal"):
         m(torch.randn(1, 1, C), state=make(mixer_name, causal=True).init_state())
+
+
+TRITON_MIXERS = {"lightconv": LightConv, "dynamicconv": DynamicConv}
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", sorted(TRITON_MIXERS))
+def test_triton_path_equals_torch_path(name, causal):
+    """kernel_backend=triton (the interpreter on CPU) and the PyTorch path agree, forward and backward."""
+    torch.manual_seed(0)
+    fast = TRITON_MIXERS[name](C, H, K, causal=causal, kernel_backend="torch").eval()
+    kern = TRITON_MIXERS[name](C, H, K, causal=causal, kernel_backend="triton").eval()
+    kern.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 6, C)
+    mask = None if causal else torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    outs, grads = [], []
+    for m in (fast, kern):
+        xi = x.clone().requires_grad_()
+        y = m(xi, key_padding_mask=mask)
+        y.square().sum().backward()
+        outs.append(y.detach())
+        grads.append([xi.grad] + [p.grad.clone() for p in m.parameters()])
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
+    for g_kern, g_fast in zip(grads[1], grads[0]):
+        torch.testing.assert_close(g_kern, g_fast, atol=1e-5, rtol=1e-4)

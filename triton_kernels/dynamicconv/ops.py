@@ -14,7 +14,6 @@ from torch.library import wrap_triton
 
 from triton_kernels.common import (
     KernelSpec,
-    autocast_inputs,
     check_device,
     check_heads,
     check_int32,
@@ -22,8 +21,8 @@ from triton_kernels.common import (
     check_padding,
     check_tensor,
     clamp_block,
-    define_op,
     new_output,
+    register_conv_op,
     triton_type,
 )
 from triton_kernels.dynamicconv.kernels import (
@@ -103,60 +102,13 @@ def _launch_backward(
     return dx, dw
 
 
-def _forward_body(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    return _launch_forward(x.contiguous(), weight.contiguous(), padding_l)
-
-
-def _forward_fake(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    _validate(x, weight, padding_l)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _backward_body(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_backward(dy.to(x.dtype).contiguous(), x.contiguous(), weight.contiguous(), padding_l)
-
-
-def _backward_fake(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _validate(x, weight, padding_l)
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        torch.empty_like(weight, memory_format=torch.contiguous_format),
-    )
-
-
-dynamicconv_forward = define_op("seqmix::dynamicconv_forward", _forward_body, _forward_fake)
-dynamicconv_backward = define_op("seqmix::dynamicconv_backward", _backward_body, _backward_fake)
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, padding_l = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.padding_l = padding_l
-
-
-def _autograd_backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dw = dynamicconv_backward(dy, x, weight, ctx.padding_l)
-    return dx, dw, None
-
-
-dynamicconv_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
-
-
-def dynamicconv(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    """y[b,t,c] = sum_k weight[b,t,c // (C//H),k] * x[b,t+k-padding_l,c], x: (B,T,C), weight: (B,T,H,K).
+dynamicconv = register_conv_op("dynamicconv", _validate, _launch_forward, _launch_backward, """y[b,t,c] = sum_k weight[b,t,c // (C//H),k] * x[b,t+k-padding_l,c], x: (B,T,C), weight: (B,T,H,K).
 
     Encoder: padding_l = K//2; decoder (causal): padding_l = K-1. Output in x.dtype, fp32 accumulation.
     Under autocast (CUDA, or CPU while interpreting) x and weight are cast to the autocast dtype first.
     Raises ValueError/TypeError for anything the kernels do not support.
-    """
-    _validate(x, weight, padding_l)
-    x, weight = autocast_inputs(x, weight)
-    return dynamicconv_forward(x, weight, padding_l)
+    """)
+dynamicconv_forward, dynamicconv_backward = dynamicconv.forward_op, dynamicconv.backward_op
 
 
 def _signature(ty: str, names: tuple[str, str, str], out_ty: str) -> dict[str, str]:

@@ -13,7 +13,6 @@ from torch.library import wrap_triton
 
 from triton_kernels.common import (
     KernelSpec,
-    autocast_inputs,
     check_device,
     check_heads,
     check_int32,
@@ -21,8 +20,8 @@ from triton_kernels.common import (
     check_padding,
     check_tensor,
     clamp_block,
-    define_op,
     new_output,
+    register_conv_op,
     triton_type,
 )
 from triton_kernels.lightconv.kernels import lightconv_bwd_weight_kernel, lightconv_fwd_kernel
@@ -105,60 +104,13 @@ def _launch_backward(
     return dx, dw.to(weight.dtype)
 
 
-def _forward_body(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    return _launch_forward(x.contiguous(), weight.contiguous(), padding_l)
-
-
-def _forward_fake(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    _validate(x, weight, padding_l)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _backward_body(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_backward(dy.to(x.dtype).contiguous(), x.contiguous(), weight.contiguous(), padding_l)
-
-
-def _backward_fake(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding_l: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    _validate(x, weight, padding_l)
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        torch.empty_like(weight, memory_format=torch.contiguous_format),
-    )
-
-
-lightconv_forward = define_op("seqmix::lightconv_forward", _forward_body, _forward_fake)
-lightconv_backward = define_op("seqmix::lightconv_backward", _backward_body, _backward_fake)
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, padding_l = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.padding_l = padding_l
-
-
-def _autograd_backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dw = lightconv_backward(dy, x, weight, ctx.padding_l)
-    return dx, dw, None
-
-
-lightconv_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
-
-
-def lightconv(x: torch.Tensor, weight: torch.Tensor, padding_l: int) -> torch.Tensor:
-    """y[b,t,c] = sum_k weight[c // (C//H), k] * x[b, t+k-padding_l, c], x: (B,T,C), weight: (H,K).
+lightconv = register_conv_op("lightconv", _validate, _launch_forward, _launch_backward, """y[b,t,c] = sum_k weight[c // (C//H), k] * x[b, t+k-padding_l, c], x: (B,T,C), weight: (H,K).
 
     Encoder: padding_l = K//2; decoder (causal): padding_l = K-1. Output in x.dtype, fp32 accumulation.
     Under autocast (CUDA, or CPU while interpreting) x and weight are cast to the autocast dtype first.
     Raises ValueError/TypeError for anything the kernels do not support.
-    """
-    _validate(x, weight, padding_l)
-    x, weight = autocast_inputs(x, weight)
-    return lightconv_forward(x, weight, padding_l)
+    """)
+lightconv_forward, lightconv_backward = lightconv.forward_op, lightconv.backward_op
 
 
 def _spec_forward(K: int, dtype: torch.dtype, C: int, H: int):
