@@ -25,3 +25,24 @@ def use_triton(backend: str, x: Tensor) -> bool:
         raise RuntimeError("kernel_backend=triton needs CUDA tensors (or TRITON_INTERPRET=1 for testing on CPU); "
                            "use kernel_backend=auto or torch on this machine")
     return True
+
+
+def triton_function(backend: str, x: Tensor, module: str, name: str):
+    """The Triton op ``triton_kernels.<module>.ops.<name>`` when this call should use it, else None.
+
+    ``auto`` falls back to the PyTorch path (which also runs on CUDA) while an op has no kernel yet;
+    an explicit ``triton`` request for a missing kernel is an error.
+    """
+    if not use_triton(backend, x):
+        return None
+    import importlib
+
+    try:
+        ops = importlib.import_module(f"triton_kernels.{module}.ops")
+    except ModuleNotFoundError as err:
+        if backend == "triton" and err.name and err.name.startswith("triton_kernels"):
+            raise RuntimeError(f"there is no Triton kernel for {module} yet; use kernel_backend=torch or auto") from None
+        if err.name and err.name.startswith("triton_kernels"):
+            return None
+        raise
+    return getattr(ops, name)

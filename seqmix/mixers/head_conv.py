@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmix.mixers.backend import check_backend, use_triton
+from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.banded import banded_conv
 
 
@@ -45,12 +45,7 @@ class HeadConvolution(nn.Module):
 
     def forward(self, x: Tensor, padding_l: int) -> Tensor:
         w = self.taps(x)
-        if use_triton(self.kernel_backend, x):
-            import importlib
-
-            module, fn = self.triton_op
-            y = getattr(importlib.import_module(f"triton_kernels.{module}.ops"), fn)(x, w, padding_l)
-        else:
-            y = banded_conv(x, w, padding_l)
+        kernel = triton_function(self.kernel_backend, x, *self.triton_op)
+        y = banded_conv(x, w, padding_l) if kernel is None else kernel(x, w, padding_l)
         bias = self.output_bias()
         return y if bias is None else y + bias

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqmix.mixers.backend import check_backend, use_triton
+from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.base import MixerState, index_select_batch
 from seqmix.mixers.conv_block import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
 
@@ -100,11 +100,9 @@ class TaLK(ProjectedConvMixer):
 
     def core(self, x: Tensor) -> Tensor:
         left, right = self.offsets(x)
-        if use_triton(self.kernel_backend, x):
-            from triton_kernels.talk.ops import talk
-
-            return talk(x, left, right, self.l_max, self.r_max)
-        return talk_window_sum(x, left, right, self.l_max, self.r_max)
+        kernel = triton_function(self.kernel_backend, x, "talk", "talk")
+        fn = talk_window_sum if kernel is None else kernel
+        return fn(x, left, right, self.l_max, self.r_max)
 
     def init_state(self) -> PrefixState:
         if not self.causal:

@@ -237,3 +237,10 @@ def test_triton_path_equals_torch_path(name, causal):
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-4)
     for g_kern, g_fast in zip(grads[1], grads[0]):
         torch.testing.assert_close(g_kern, g_fast, atol=1e-5, rtol=1e-4)
+
+
+def test_missing_kernel_is_a_clear_error_only_when_requested():
+    x = torch.randn(1, 4, C)
+    TaLK(C, H, K, kernel_backend="auto")(x)  # falls back to the PyTorch path
+    with pytest.raises(RuntimeError, match="no Triton kernel for talk"):
+        TaLK(C, H, K, kernel_backend="triton")(x)
