@@ -7,6 +7,7 @@ PIP := $(PY) -m pip
 # the CUDA build from PyPI on a GPU box. Override with `make install TORCH_VERSION=...`.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 export TRITON_DEFAULT_FP_FUSION ?= 1
 
@@ -29,7 +30,7 @@ lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py
 
 bench:
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
