@@ -155,8 +155,10 @@ class TranslationDataModule(lightning.LightningDataModule):
         return trainer.global_rank, trainer.world_size
 
     def dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
-        """Token-budget loader; ``shuffle=True`` means training (shuffled, equal batch counts on every rank),
-        otherwise evaluation (fixed order, every example exactly once across ranks)."""
+        """Token-budget loader; ``shuffle=True`` means training (shuffled), otherwise evaluation (fixed order).
+
+        Under DDP every rank gets the same number of batches (a rank with fewer repeats earlier batches whole),
+        so per-step collectives never hang; evaluation drops the repeats by their example ids."""
         if self.tokenizer is None:
             self.setup()
         if split not in self.datasets:
@@ -171,7 +173,7 @@ class TranslationDataModule(lightning.LightningDataModule):
         budget = self.max_tokens if shuffle else (self.max_tokens_valid or self.max_tokens)
         sampler = TokenBudgetBatchSampler(ds.src_sizes, ds.tgt_sizes, budget, self.max_sentences,
                                           shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
-                                          pad_to_equal=shuffle)
+                                          pad_to_equal=True)
         tok = self.tokenizer
         return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers,
                           collate_fn=partial(collate_pairs, pad=tok.pad, bos=tok.bos, eos=tok.eos),

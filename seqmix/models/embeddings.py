@@ -53,7 +53,9 @@ class PositionalEmbedding(nn.Module):
             with torch.no_grad():
                 self.weights.weight[padding_idx].zero_()
         else:
-            self.register_buffer("table", sinusoidal_table(num, embed_dim, padding_idx), persistent=False)
+            # a plain tensor, not a buffer: nothing for DDP to broadcast before every forward (those per-step
+            # collectives hang when ranks run different numbers of evaluation batches)
+            self.table = sinusoidal_table(num, embed_dim, padding_idx)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         positions = make_positions(tokens, self.padding_idx, offset)
@@ -64,4 +66,6 @@ class PositionalEmbedding(nn.Module):
             )
         if self.kind == "learned":
             return self.weights(positions)
+        if self.table.device != positions.device:
+            self.table = self.table.to(positions.device)
         return self.table[positions]

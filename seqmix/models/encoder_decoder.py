@@ -78,7 +78,8 @@ class Stack(nn.Module):
         self.layer_norm = nn.LayerNorm(embed_dim) if normalize_before else None
 
     def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions(tokens, offset)
+        x = self.embed_scale * self.embed_tokens(tokens)
+        x = x + self.embed_positions(tokens, offset).to(x.dtype)
         return self.dropout(x)
 
     def finish(self, x: Tensor) -> Tensor:

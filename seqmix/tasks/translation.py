@@ -118,15 +118,18 @@ class TranslationTask(L.LightningModule):
     def _eval_epoch_end(self, split: str, prefix: str) -> None:
         gathered = _all_gather_objects(self._eval_outputs)
         self._eval_outputs = []
-        loss = sum(o[0] for part in gathered for o in part)
-        nll = sum(o[1] for part in gathered for o in part)
-        ntok = max(sum(o[2] for part in gathered for o in part), 1)
+        # under DDP, ranks with fewer batches repeat earlier ones: count every batch once (by its ids)
+        unique = {tuple(o[3]): o for part in gathered for o in part}
+        outputs = list(unique.values())
+        loss = sum(o[0] for o in outputs)
+        nll = sum(o[1] for o in outputs)
+        ntok = max(sum(o[2] for o in outputs), 1)
         self.log(f"{prefix}/loss", loss / ntok, sync_dist=False, rank_zero_only=False)
         self.log(f"{prefix}/nll", nll / ntok, sync_dist=False)
         self.log(f"{prefix}/ppl", math.exp(min(nll / ntok, 50.0)), sync_dist=False)
         if not self.eval_bleu or self.trainer.sanity_checking:
             return
-        by_id = {i: h for part in gathered for o in part for i, h in zip(o[3], o[4])}
+        by_id = {i: h for o in outputs for i, h in zip(o[3], o[4])}
         source = getattr(self, "reference_source", None) or self.trainer.datamodule
         refs = source.references(split)
         hyps = [by_id.get(i, "") for i in range(len(refs))]

@@ -63,7 +63,7 @@ def test_custom_pattern_and_available_splits(tmp_path):
 
 
 def test_missing_directory_names_the_setting(tmp_path):
-    with pytest.raises(SeqmixError, match=r"does not exist; set task\.data\.path="):
+    with pytest.raises(SeqmixError, match=r"does not exist; set task\.data\.source\.path="):
         LocalParallelSource(str(tmp_path / "nope"), "en", "de").read("train")
 
 
