@@ -34,20 +34,24 @@ def attention_reference(mixer: SelfAttention, x: torch.Tensor, key_padding_mask=
     return out @ a.out_proj.weight.double().T + a.out_proj.bias.double()
 
 
+def block_input(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+    """Wu et al. 2019 Fig. 2b: Linear(d, 2d) + GLU (or Linear(d, d)), pads set to zero; float64."""
+    h = x.double() @ m.linear1.weight.double().T + m.linear1.bias.double()
+    if m.glu:
+        a, g = h.chunk(2, dim=-1)
+        h = a * torch.sigmoid(g)
+    if key_padding_mask is not None:
+        h = h * (~key_padding_mask).unsqueeze(-1).double()
+    return h
+
+
 def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
     """Wu et al. 2019: Linear+GLU, zero pads, y_{i,c} = Σ_j softmax(W)_{h(c),j} · x_{i+j−p, c}, Linear.
 
     Loops over taps in float64; the taps come from the (H, K) weight (LightConv) or from a linear map of
     the conv input at position i (DynamicConv); softmax always runs over all K taps.
     """
-    x = x.double()
-    lin1, lin2 = m.linear1, m.linear2
-    h = x @ lin1.weight.double().T + lin1.bias.double()
-    if m.glu:
-        a, g = h.chunk(2, dim=-1)
-        h = a * torch.sigmoid(g)
-    if key_padding_mask is not None:
-        h = h * (~key_padding_mask).unsqueeze(-1).double()
+    h = block_input(m, x, key_padding_mask)
     b, t, c = h.shape
     conv = m.conv
     if isinstance(m, DynamicConv):
@@ -63,20 +67,13 @@ def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tens
             src = i + j - pad
             if 0 <= src < t:
                 y[:, i] += taps[:, i, heads_of_channel, j] * h[:, src]
-    return y @ lin2.weight.double().T + lin2.bias.double()
+    return y @ m.linear2.weight.double().T + m.linear2.bias.double()
 
 
 def talk_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
     """Lioutas & Guo 2020 §3 in integral form: y_i = (1/K) ∫_{a_l}^{a_r+1} x[⌊t⌋] dt, computed as the overlap
     of each unit bin [j, j+1) with the window (no prefix sums), float64."""
-    x = x.double()
-    lin1, lin2 = m.linear1, m.linear2
-    h = x @ lin1.weight.double().T + lin1.bias.double()
-    if m.glu:
-        a, g = h.chunk(2, dim=-1)
-        h = a * torch.sigmoid(g)
-    if key_padding_mask is not None:
-        h = h * (~key_padding_mask).unsqueeze(-1).double()
+    h = block_input(m, x, key_padding_mask)
     b, t, c = h.shape
     heads = m.num_heads
     sigma = torch.sigmoid(h @ m.offset_proj.weight.double().T + m.offset_proj.bias.double())
@@ -91,7 +88,7 @@ def talk_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
             overlap = (torch.minimum(bins + 1, hi[:, None]) - torch.maximum(bins, lo[:, None])).clamp(min=0)
             sl = slice(head * (c // heads), (head + 1) * (c // heads))
             y[:, i, sl] = (overlap[:, :, None] * h[:, :, sl]).sum(1) / norm
-    return y @ lin2.weight.double().T + lin2.bias.double()
+    return y @ m.linear2.weight.double().T + m.linear2.bias.double()
 
 
 MIXERS = {
