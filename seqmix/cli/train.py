@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from seqmix.checkpoint import check_resumable
 from seqmix.cli.common import build_model, count_parameters, module_summary, to_container
@@ -35,8 +36,6 @@ def instantiate_loggers(cfg: DictConfig) -> list:
 
 def finish_wandb() -> None:
     """One wandb run per job: close it so the next multirun job starts its own."""
-    import sys
-
     if "wandb" in sys.modules:
         import wandb
 
@@ -97,6 +96,3 @@ def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> f
             print(f"sacreBLEU: {result}")
         print(f"checkpoint: {ckpt or '(none saved)'}")
     return None if result is None else result.score
-
-
-__all__ = ["train", "dry_run", "OmegaConf"]

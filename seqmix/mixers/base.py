@@ -8,7 +8,6 @@ dropout, FFN, cross-attention) is shared code in ``seqmix.models.blocks``.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 
@@ -61,4 +60,3 @@ def index_select_batch(t: Tensor | None, index: Tensor) -> Tensor | None:
     return None if t is None else t.index_select(0, index.to(t.device))
 
 
-__all__ = ["MixerState", "TokenMixer", "check_incremental_call", "zero_padding", "index_select_batch", "torch"]

@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -162,4 +161,3 @@ class EncoderDecoder(nn.Module):
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
 
-__all__ = ["EncoderDecoder", "EncoderOut", "DecoderState", "torch"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -26,4 +25,3 @@ def label_smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float, igno
     return loss, nll, int(keep.sum())
 
 
-__all__ = ["label_smoothed_nll_loss", "torch"]

@@ -99,16 +99,16 @@ class TranslationTask(L.LightningModule):
         hyps = self.beam_search(**overrides).generate(self.model, src_tokens)
         return [self.tokenizer.decode(h[0].tokens.tolist()) if h else "" for h in hyps]
 
-    def _eval_step(self, batch: dict, split: str) -> None:
+    def _eval_step(self, batch: dict) -> None:
         loss, nll, ntokens = self.compute_loss(batch)
         hyps = self.translate(batch["src_tokens"]) if self.eval_bleu else []
         self._eval_outputs.append((float(loss), float(nll), ntokens, batch["id"].tolist(), hyps))
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, "valid")
+        self._eval_step(batch)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+        self._eval_step(batch)
 
     def on_validation_epoch_start(self) -> None:
         self._eval_outputs = []
