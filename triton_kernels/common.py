@@ -145,6 +145,7 @@ class KernelSpec:
     fn: Any
     build: Callable[[int, torch.dtype, int, int], tuple[dict[str, str], dict[str, Any], int]]
     notes: str = ""
+    k_constexpr: bool = True  # False: K is a runtime argument, so one compile (at any K) covers them all
 
 
 def register_conv_op(name: str, validate: Callable, launch_forward: Callable, launch_backward: Callable,

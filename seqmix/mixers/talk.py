@@ -38,9 +38,10 @@ def interpolate_prefix(prefix: Tensor, u: Tensor) -> Tensor:
     return p_lo + frac * (p_hi - p_lo)
 
 
-def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r_max: int) -> Tensor:
-    """The fast PyTorch path. x: (B, T, C), pads already zero; left/right: (B, T, H) offsets in [0, 1]
-    (may exceed 1 after dropout scaling); ``right=None`` is the decoder (a_r = i)."""
+def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r_max: int,
+                    max_offset: float = 1.0) -> Tensor:
+    """The fast PyTorch path. x: (B, T, C), pads already zero; left/right: (B, T, H) offsets, clamped to
+    [0, max_offset] (1/(1−p) under offset dropout), as the Triton op does; ``right=None`` is the decoder (a_r = i)."""
     bsz, length, channels = x.shape
     heads = left.size(-1)
     if channels % heads:
@@ -50,11 +51,11 @@ def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r
     prefix = F.pad(torch.cumsum(x.to(dtype) / norm, dim=1), (0, 0, 1, 0))  # S[s] = Σ_{j<s} x_j / K
     prefix = prefix.view(bsz, length + 1, heads, channels // heads)
     pos = torch.arange(length, device=x.device, dtype=dtype).view(1, length, 1)
-    start = (pos - left.to(dtype) * l_max).clamp(0, length - 1)
+    start = (pos - left.to(dtype).clamp(0, max_offset) * l_max).clamp(0, length - 1)
     if right is None:
         end = (pos + 1).expand_as(start)
     else:
-        end = (pos + right.to(dtype) * r_max).clamp(0, length - 1) + 1
+        end = (pos + right.to(dtype).clamp(0, max_offset) * r_max).clamp(0, length - 1) + 1
     out = interpolate_prefix(prefix, end) - interpolate_prefix(prefix, start)
     return out.reshape(bsz, length, channels).to(x.dtype)
 
@@ -98,11 +99,15 @@ class TaLK(ProjectedConvMixer):
             return sigma, None
         return sigma[..., : self.num_heads], sigma[..., self.num_heads:]
 
+    def max_offset(self) -> float:
+        """Largest relative offset after dropout's 1/(1−p) scaling: bounds the window (and the kernel's work)."""
+        return 1.0 / (1.0 - self.offset_dropout) if self.training and self.offset_dropout > 0 else 1.0
+
     def core(self, x: Tensor) -> Tensor:
         left, right = self.offsets(x)
         kernel = triton_function(self.kernel_backend, x, "talk", "talk")
         fn = talk_window_sum if kernel is None else kernel
-        return fn(x, left, right, self.l_max, self.r_max)
+        return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
 
     def init_state(self) -> PrefixState:
         if not self.causal:

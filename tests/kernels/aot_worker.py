@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 # Importable for its constants without side effects: triton / triton_kernels are imported in main(),
 # after TRITON_INTERPRET is removed (the kernels' mode is fixed when triton_kernels is first imported).
 KERNEL_NAMES = ("lightconv_fwd", "lightconv_bwd_weight", "dynamicconv_fwd", "dynamicconv_bwd_input",
-                "dynamicconv_bwd_weight")
+                "dynamicconv_bwd_weight", "talk_prefix", "talk_fwd_enc", "talk_fwd_dec", "talk_bwd_input_enc",
+                "talk_bwd_input_dec", "talk_bwd_offsets_enc", "talk_bwd_offsets_dec")
 KS = (3, 7, 15, 31, 63)
 DTYPES = ("fp16", "bf16")
 WIDTHS = ((512, 4), (512, 8), (512, 16), (1024, 4), (1024, 8), (1024, 16))  # (C, H) of the presets
@@ -82,14 +83,16 @@ def ptxas_report(ptx: str, arch: int) -> dict:
 def all_kernels() -> list:
     from triton_kernels.dynamicconv import KERNELS as DYNAMICCONV_KERNELS
     from triton_kernels.lightconv import KERNELS as LIGHTCONV_KERNELS
+    from triton_kernels.talk import KERNELS as TALK_KERNELS
 
-    return LIGHTCONV_KERNELS + DYNAMICCONV_KERNELS
+    return LIGHTCONV_KERNELS + DYNAMICCONV_KERNELS + TALK_KERNELS
 
 
 def jobs(generic_k: int = 31):
     """Unique compile jobs; block sizes come from the ops' own choice for each preset width (C, H).
 
     "aligned" is compiled at every (dtype, K); "generic" (no divisibility) at K = generic_k only.
+    Kernels whose window size is a runtime argument (``k_constexpr=False``) compile once, at K = generic_k.
     """
     import torch
 
@@ -98,7 +101,7 @@ def jobs(generic_k: int = 31):
     grid = [(d, K) for d in DTYPES for K in KS] + list(EXTRA)
     for spec in all_kernels():
         for (dname, K), (C, H), variant, arch in itertools.product(grid, WIDTHS, VARIANTS, ARCHS):
-            if variant == "generic" and K != generic_k:
+            if (variant == "generic" or not spec.k_constexpr) and K != generic_k:
                 continue
             sig, consts, warps = spec.build(K, dtypes[dname], C, H)
             attrs = divisibility_attrs(spec.fn, sig, C, H, variant == "aligned")
@@ -155,6 +158,8 @@ def trace_gpu_ops() -> dict[str, list[str]]:
         "lightconv_forward": (lambda x, w: ops.lightconv_forward(x, w, 15), (8, 31)),
         "dynamicconv_forward": (lambda x, w: ops.dynamicconv_forward(x, w, 15), (2, 17, 8, 31)),
         "dynamicconv_backward": (lambda x, w: ops.dynamicconv_backward(x, x, w, 15), (2, 17, 8, 31)),
+        "talk_forward": (lambda x, s: ops.talk_forward(x, s, s, 15, 15, 1.0), (2, 17, 8)),
+        "talk_backward": (lambda x, s: ops.talk_backward(x, x, s, None, 15, 0, 1.0), (2, 17, 8)),
     }
     for name, (fn, wshape) in cases.items():
         with FakeTensorMode():

@@ -236,8 +236,13 @@ def test_triton_path_equals_torch_path(name, causal):
         torch.testing.assert_close(g_kern, g_fast, atol=1e-5, rtol=1e-4)
 
 
-def test_missing_kernel_is_a_clear_error_only_when_requested():
+def test_missing_kernel_is_a_clear_error_only_when_requested(monkeypatch):
+    """A mixer whose kernel module does not exist yet: ``auto`` falls back to PyTorch, ``triton`` says so."""
+    from seqmix.mixers import backend
+
     x = torch.randn(1, 4, C)
-    TaLK(C, H, K, kernel_backend="auto")(x)  # falls back to the PyTorch path
-    with pytest.raises(RuntimeError, match="no Triton kernel for talk"):
-        TaLK(C, H, K, kernel_backend="triton")(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="no Triton kernel for no_such_mixer"):
+        backend.triton_function("triton", x, "no_such_mixer", "op")
+    monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
+    assert backend.triton_function("auto", x, "no_such_mixer", "op") is None
