@@ -11,7 +11,6 @@ the input-gradient kernel has to visit per position.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import triton
@@ -132,7 +131,7 @@ def _launch_backward(dy, x, left, right, l_max, r_max, max_offset, blocks=None):
     return dx, dleft.to(left.dtype), dright.to(left.dtype)
 
 
-def _forward_body(x: torch.Tensor, left: torch.Tensor, right: Optional[torch.Tensor], l_max: int, r_max: int,
+def _forward_body(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor | None, l_max: int, r_max: int,
                   max_offset: float) -> torch.Tensor:
     return _launch_forward(x.contiguous(), left.contiguous(), None if right is None else right.contiguous(),
                            l_max, r_max, max_offset)
@@ -143,7 +142,7 @@ def _forward_fake(x, left, right, l_max, r_max, max_offset):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _backward_body(dy: torch.Tensor, x: torch.Tensor, left: torch.Tensor, right: Optional[torch.Tensor],
+def _backward_body(dy: torch.Tensor, x: torch.Tensor, left: torch.Tensor, right: torch.Tensor | None,
                    l_max: int, r_max: int, max_offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _launch_backward(dy.to(x.dtype).contiguous(), x.contiguous(), left.contiguous(),
                             None if right is None else right.contiguous(), l_max, r_max, max_offset)
