@@ -1,7 +1,9 @@
-"""Decoding benchmark: sentences/s of beam search on Multi30k val from a trained checkpoint, with its BLEU.
+"""Decoding benchmark: sentences/s of beam search on Multi30k val for trained checkpoints, with their BLEU.
 
-BLEU is reported next to each speed so that a faster decoder that translates worse is visible as such.
-Batching follows ``generate.py`` (token-budget batches of the sources, sorted by length).
+By default it takes the newest Multi30k ``best.ckpt`` of every model (Transformer, LightConv, DynamicConv, TaLK,
+...) so the conv decoders are timed next to the Transformer of the same size in the same run; speed ratios are
+against the Transformer at the same beam. BLEU is reported next to each speed so that a faster decoder that
+translates worse is visible as such. Batching follows ``generate.py`` (token-budget batches, sorted by length).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ HOW_TO_TRAIN = ("python train.py experiment=multi30k_transformer_cpu   "
 
 @dataclass
 class DecodeResult:
+    model: str
+    parameters: int
     beam: int
     sentences: int
     seconds: float
@@ -31,6 +35,7 @@ class DecodeResult:
     bleu: float
     bleu_signature: str
     max_tokens: int
+    speed_ratio: float | None = None  # sentences/s over the baseline model's at the same beam
 
 
 def default_runs_dir() -> Path:
@@ -42,23 +47,26 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("SEQMIX_DATA_DIR", REPO_ROOT.parent / "shared" / "data")) / "multi30k"
 
 
-def checkpoint_task(path: Path) -> str | None:
-    """Task name stored in a seqmix checkpoint, or None when it is unreadable / not a seqmix checkpoint."""
+def checkpoint_meta(path: Path) -> tuple[str | None, str | None]:
+    """(task name, model name) stored in a seqmix checkpoint; Nones when unreadable / not a seqmix checkpoint."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        return ckpt["seqmix"]["config"]["task"]["name"]
+        cfg = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["seqmix"]["config"]
+        return str(cfg["task"]["name"]), str(cfg["model"]["name"])
     except Exception:
-        return None
+        return None, None
 
 
-def find_checkpoint(runs_dir: Path | None = None, task: str = TASK_NAME) -> Path | None:
-    """Newest ``<runs_dir>/*/checkpoints/best.ckpt`` trained on ``task``."""
+def find_checkpoints(runs_dir: Path | None = None, task: str = TASK_NAME) -> list[Path]:
+    """The newest ``<runs_dir>/*/checkpoints/best.ckpt`` trained on ``task`` for each model name, Transformer
+    first (the baseline of the speed ratios)."""
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     candidates = sorted(runs_dir.glob("*/checkpoints/best.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    newest: dict[str, Path] = {}
     for path in candidates:
-        if checkpoint_task(path) == task:
-            return path
-    return None
+        ckpt_task, model = checkpoint_meta(path)
+        if ckpt_task == task:
+            newest.setdefault(model, path)
+    return [newest[m] for m in sorted(newest, key=lambda m: (not m.startswith("transformer"), m))]
 
 
 def _device(name: str) -> torch.device:
@@ -81,14 +89,45 @@ def decode_once(model, tokenizer, dataset, refs: list[str], search, max_tokens: 
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     bleu = corpus_bleu(hyps, refs, **bleu_opts)
-    return DecodeResult(search.beam_size, len(hyps), elapsed, len(hyps) / max(elapsed, 1e-9),
+    return DecodeResult("", 0, search.beam_size, len(hyps), elapsed, len(hyps) / max(elapsed, 1e-9),
                         generated / max(elapsed, 1e-9), bleu.score, bleu.signature, max_tokens)
 
 
-def run_decoding_benchmark(ckpt: str | Path | None = None, beams: tuple[int, ...] = (1, 5), limit: int | None = None,
-                           max_tokens: int = 8000, device: str = "auto", data_dir: str | Path | None = None,
-                           runs_dir: str | Path | None = None, log=print) -> dict | None:
-    """Speed and BLEU per beam size; None (after saying how to make a checkpoint) when there is none."""
+def run_decoding_benchmark(ckpt: str | Path | list | None = None, beams: tuple[int, ...] = (1, 5),
+                           limit: int | None = None, max_tokens: int = 8000, device: str = "auto",
+                           data_dir: str | Path | None = None, runs_dir: str | Path | None = None,
+                           log=print) -> dict | None:
+    """Speed and BLEU per (checkpoint, beam); None (after saying how to make a checkpoint) when there is none.
+    ``ckpt``: one path, a list, or None for :func:`find_checkpoints`."""
+    if ckpt is None:
+        ckpts = find_checkpoints(runs_dir)
+        if not ckpts:
+            log(f"decoding: no {TASK_NAME} checkpoint under {Path(runs_dir) if runs_dir else default_runs_dir()}; "
+                f"skipped. Make one with:\n    {HOW_TO_TRAIN}")
+            return None
+    else:
+        ckpts = [ckpt] if isinstance(ckpt, (str, Path)) else list(ckpt)
+    infos, rows = [], []
+    for path in ckpts:
+        res = decode_checkpoint(Path(path), beams, limit, max_tokens, device, data_dir, log)
+        infos.append(res["info"])
+        rows.extend(res["rows"])
+    add_speed_ratios(rows)
+    return {"info": infos, "rows": rows}
+
+
+def add_speed_ratios(rows: list[DecodeResult]) -> None:
+    """Against the first Transformer row with the same beam (or the first model's, without a Transformer)."""
+    models = list(dict.fromkeys(r.model for r in rows))
+    base_model = next((m for m in models if m.startswith("transformer")), models[0] if models else None)
+    base = {r.beam: r.sentences_per_s for r in rows if r.model == base_model}
+    for r in rows:
+        r.speed_ratio = r.sentences_per_s / base[r.beam] if base.get(r.beam) else None
+
+
+def decode_checkpoint(ckpt: Path, beams: tuple[int, ...], limit: int | None, max_tokens: int, device: str,
+                      data_dir: str | Path | None, log=print) -> dict:
+    """One checkpoint: {"info", "rows"} with a row per beam size."""
     from omegaconf import OmegaConf
 
     from seqmix.cli.common import count_parameters
@@ -96,13 +135,6 @@ def run_decoding_benchmark(ckpt: str | Path | None = None, beams: tuple[int, ...
     from seqmix.data import LocalParallelSource, PairDataset
     from seqmix.generation import BeamSearch
 
-    if ckpt is None:
-        ckpt = find_checkpoint(runs_dir)
-        if ckpt is None:
-            log(f"decoding: no {TASK_NAME} checkpoint under {Path(runs_dir) if runs_dir else default_runs_dir()}; "
-                f"skipped. Make one with:\n    {HOW_TO_TRAIN}")
-            return None
-    ckpt = Path(ckpt)
     model, tokenizer, train_cfg = load_for_inference(str(ckpt))
     task = train_cfg.task.name
     if task != TASK_NAME:
@@ -138,16 +170,17 @@ def run_decoding_benchmark(ckpt: str | Path | None = None, beams: tuple[int, ...
         warm = PairDataset(src_ids[:8], [[] for _ in src_ids[:8]], src_texts[:8], ref_texts[:8])
         decode_once(model, tokenizer, warm, refs[:8], search, max_tokens, dev, bleu_opts)
         row = decode_once(model, tokenizer, dataset, refs, search, max_tokens, dev, bleu_opts)
+        row.model, row.parameters = info["model"], info["parameters"]
         rows.append(row)
         log(f"  beam {beam}: {row.sentences_per_s:.1f} sentences/s ({row.seconds:.1f}s), BLEU {row.bleu:.2f}")
     return {"info": info, "rows": rows}
 
 
 def format_table(rows: list[DecodeResult]) -> str:
-    header = ["beam", "sentences", "seconds", "sent/s", "tok/s", "BLEU", "speed x"]
-    base = rows[0].sentences_per_s if rows else None
-    lines = [[str(r.beam), str(r.sentences), f"{r.seconds:.1f}", f"{r.sentences_per_s:.1f}", f"{r.tokens_per_s:.0f}",
-              f"{r.bleu:.2f}", f"{r.sentences_per_s / base:.2f}" if base else "-"] for r in rows]
+    header = ["model", "params", "beam", "sentences", "seconds", "sent/s", "tok/s", "BLEU", "speed x"]
+    lines = [[r.model, f"{r.parameters / 1e6:.1f}M", str(r.beam), str(r.sentences), f"{r.seconds:.1f}",
+              f"{r.sentences_per_s:.1f}", f"{r.tokens_per_s:.0f}", f"{r.bleu:.2f}",
+              "-" if r.speed_ratio is None else f"{r.speed_ratio:.2f}"] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
 
     def render(cells):

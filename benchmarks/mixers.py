@@ -35,7 +35,7 @@ from benchmarks import registry
 from benchmarks.registry import MixerEntry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
+DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 RESULT_PREFIX = "SEQMIX_BENCH_RESULT "
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +48,7 @@ class MixerCheckError(RuntimeError):
 class MixerBenchConfig:
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     embed_dim: int = 512
-    token_budget: int = 8192
+    token_budget: int = 16384
     repeats: int = 5
     warmup: int = 1
     device: str = "auto"  # auto | cpu | cuda
@@ -394,6 +394,36 @@ def run_mixer_benchmark(entries: list[MixerEntry], cfg: MixerBenchConfig, baseli
     out["rows"] = rows
     out["seconds"] = time.perf_counter() - start
     return out
+
+
+def scaling(rows: list[PointResult], ref_T: int | None = None) -> list[dict]:
+    """Per mixer: time and peak memory per token at its longest T over the same at ``ref_T`` (default: the
+    shortest T measured). 1.0 is linear cost in T; self-attention's time grows toward T_max / ref_T."""
+    out = []
+    for name in dict.fromkeys(r.mixer for r in rows):
+        ok = {r.T: r for r in rows if r.mixer == name and r.ok}
+        if len(ok) < 2:
+            continue
+        t_ref = ref_T if ref_T in ok else min(ok)
+        t_max = max(ok)
+        if t_max == t_ref:
+            continue
+        a, b = ok[t_ref], ok[t_max]
+        per_token = {key: (getattr(b, key) / (b.batch * b.T)) / (getattr(a, key) / (a.batch * a.T))
+                     for key in ("fwd_bwd_ms", "peak_mem_mb") if getattr(a, key) and getattr(b, key)}
+        out.append({"mixer": name, "T_ref": t_ref, "T_max": t_max, "time_per_token_x": per_token.get("fwd_bwd_ms"),
+                    "mem_per_token_x": per_token.get("peak_mem_mb")})
+    return out
+
+
+def format_scaling(items: list[dict]) -> str:
+    header = ["mixer", "T_ref", "T_max", "time/token x", "mem/token x"]
+    lines = [[i["mixer"], str(i["T_ref"]), str(i["T_max"]), _fmt(i["time_per_token_x"], ".2f"),
+              _fmt(i["mem_per_token_x"], ".2f")] for i in items]
+    widths = [max(len(h), *(len(line[k]) for line in lines)) if lines else len(h) for k, h in enumerate(header)]
+    render = lambda cells: "  ".join(c.ljust(w) if k == 0 else c.rjust(w)  # noqa: E731
+                                     for k, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([render(header), "  ".join("-" * w for w in widths), *(render(line) for line in lines)])
 
 
 def _fmt(v: float | None, spec: str) -> str:

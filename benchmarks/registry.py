@@ -37,8 +37,8 @@ def self_attention(heads: int = 8) -> MixerFactory:
     return make
 
 
-def head_conv(class_name: str, heads: int = 8, kernel_size: int = 31) -> MixerFactory:
-    """LightConv / DynamicConv with the fast PyTorch path on CPU (Triton on CUDA)."""
+def conv_mixer(class_name: str, heads: int = 8, kernel_size: int = 31) -> MixerFactory:
+    """LightConv / DynamicConv / TaLK with the fast PyTorch path on CPU (Triton on CUDA)."""
 
     def make(embed_dim: int, causal: bool) -> TokenMixer:
         import seqmix.mixers
@@ -51,8 +51,9 @@ def head_conv(class_name: str, heads: int = 8, kernel_size: int = 31) -> MixerFa
 ENTRIES: list[MixerEntry] = [
     MixerEntry("self_attention", self_attention(8), note="torch SDPA, 8 heads (baseline)"),
     MixerEntry("self_attention_causal", self_attention(8), causal=True, note="torch SDPA, 8 heads, is_causal"),
-    MixerEntry("lightconv", head_conv("LightConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
-    MixerEntry("dynamicconv", head_conv("DynamicConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
+    MixerEntry("lightconv", conv_mixer("LightConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
+    MixerEntry("dynamicconv", conv_mixer("DynamicConv"), note="H=8, K=31, GLU; chunked band GEMM on CPU"),
+    MixerEntry("talk", conv_mixer("TaLK"), note="H=8, max offsets 31 left+right, GLU; prefix sums + gather on CPU"),
 ]
 
 BASELINE = ENTRIES[0].name

@@ -24,8 +24,10 @@ from benchmarks.mixers import (
     DEFAULT_LENGTHS,
     MixerBenchConfig,
     PointResult,
+    format_scaling,
     format_table,
     run_mixer_benchmark,
+    scaling,
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -43,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"registry names (baseline always kept); known: {', '.join(e.name for e in registry.ENTRIES)}")
     g.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS), metavar="T")
     g.add_argument("--embed-dim", type=int, default=512)
-    g.add_argument("--token-budget", type=int, default=8192, help="tokens per batch: batch = budget // T")
+    g.add_argument("--token-budget", type=int, default=16384, help="tokens per batch: batch = budget // T")
     g.add_argument("--repeats", type=int, default=5, help="timed forward+backward passes per point (median)")
     g.add_argument("--warmup", type=int, default=1, help="untimed passes before the timed ones")
     g.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
@@ -51,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--in-process", action="store_true",
                    help="CPU: measure every point in this process (faster, memory numbers less trustworthy)")
     d = p.add_argument_group("decoding")
-    d.add_argument("--ckpt", help="checkpoint to decode with (default: newest multi30k_ende best.ckpt in --runs-dir)")
+    d.add_argument("--ckpt", nargs="+", help="checkpoints to decode with (default: the newest multi30k_ende "
+                   "best.ckpt of each model in --runs-dir, Transformer first)")
     d.add_argument("--runs-dir", type=Path, default=None, help=f"default: {decoding.default_runs_dir()}")
     d.add_argument("--data-dir", type=Path, default=None, help=f"Multi30k folder; default: {decoding.default_data_dir()}")
     d.add_argument("--limit", type=int, default=None, help="decode only the first N val sentences (default: all)")
@@ -120,19 +123,26 @@ def plot_mixers(rows: list[PointResult], path: Path, title: str) -> None:
 
 
 def plot_decoding(rows: list[decoding.DecodeResult], path: Path, title: str) -> None:
+    """Sentences/s per model, one bar per beam size, BLEU written on each bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    labels = [f"beam {r.beam}" for r in rows]
-    bars = ax.bar(labels, [r.sentences_per_s for r in rows], color=["tab:blue", "tab:orange", "tab:green"][: len(rows)])
-    for bar, r in zip(bars, rows):
-        ax.annotate(f"{r.sentences_per_s:.1f} sent/s\nBLEU {r.bleu:.2f}", (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=9)
+    models = list(dict.fromkeys(r.model for r in rows))
+    beams = sorted({r.beam for r in rows})
+    width = 0.8 / len(beams)
+    fig, ax = plt.subplots(figsize=(2.2 + 1.8 * len(models), 4.4))
+    for k, beam in enumerate(beams):
+        pts = [(models.index(r.model), r) for r in rows if r.beam == beam]
+        bars = ax.bar([i + k * width for i, _ in pts], [r.sentences_per_s for _, r in pts], width, label=f"beam {beam}")
+        for bar, (_, r) in zip(bars, pts):
+            ax.annotate(f"{r.sentences_per_s:.0f}\nBLEU\n{r.bleu:.1f}", (bar.get_x() + bar.get_width() / 2,
+                        bar.get_height()), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([i + width * (len(beams) - 1) / 2 for i in range(len(models))], models, fontsize=8)
     ax.set_ylabel("sentences / s")
-    ax.set_ylim(0, max(r.sentences_per_s for r in rows) * 1.3)
+    ax.set_ylim(0, max(r.sentences_per_s for r in rows) * 1.35)
+    ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -179,9 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak memory: {res['memory_method']}")
         print(f"ratios (time x, mem x) are against {res['baseline']} at the same T, measured in this run\n")
         print(format_table(rows))
+        growth = scaling(rows, ref_T=512)
+        if growth:
+            print("\nper-token cost at the longest T over T_ref (512 when measured): 1.00 = linear in T")
+            print(format_scaling(growth))
         failed = [r for r in rows if not r.ok]
         write_csv(out_dir / "mixers.csv", [_point_dict(r) for r in rows])
-        report["mixers"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": [asdict(r) for r in rows]}
+        report["mixers"] = {k: v for k, v in res.items() if k != "rows"} | {"rows": [asdict(r) for r in rows],
+                                                                             "scaling": growth}
         title = (f"{env['device_name']}, {cfg.resolved_dtype()}, d={cfg.embed_dim}, {cfg.token_budget} tokens/batch, "
                  f"torch {env['torch']}")
         if any(r.ok for r in rows):
@@ -199,9 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             print(decoding.format_table(res["rows"]))
             write_csv(out_dir / "decoding.csv", decoding.as_dicts(res["rows"]))
             report["decoding"] = {"info": res["info"], "rows": decoding.as_dicts(res["rows"])}
-            info = res["info"]
             plot_decoding(res["rows"], out_dir / "decoding.png",
-                          f"{info['model']} on Multi30k val ({res['rows'][0].sentences} sent.), {info['device']}")
+                          f"Multi30k val ({res['rows'][0].sentences} sent.), {res['info'][0]['device']}")
 
     report["seconds"] = time.perf_counter() - started
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

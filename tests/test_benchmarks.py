@@ -125,6 +125,57 @@ def test_run_writes_files_and_fails_on_broken_mixer(tmp_path, monkeypatch):
 
 def test_decoding_without_checkpoint_skips_with_instructions(tmp_path):
     messages = []
-    assert decoding.find_checkpoint(tmp_path) is None
+    assert decoding.find_checkpoints(tmp_path) == []
     assert decoding.run_decoding_benchmark(runs_dir=tmp_path, log=messages.append) is None
     assert "experiment=multi30k_transformer_cpu" in messages[0]
+
+
+def _fake_ckpt(path, task, model):
+    path.parent.mkdir(parents=True)
+    torch.save({"seqmix": {"config": {"task": {"name": task}, "model": {"name": model}}}}, path)
+
+
+def test_find_checkpoints_newest_per_model_transformer_first(tmp_path):
+    import os
+    import time as _time
+
+    now = _time.time()
+    for k, (run, task, model) in enumerate([("a", "multi30k_ende", "lightconv_small"),
+                                            ("b", "multi30k_ende", "lightconv_small"),
+                                            ("c", "multi30k_ende", "transformer_small"),
+                                            ("d", "toy_reverse", "talk_small")]):
+        path = tmp_path / run / "checkpoints" / "best.ckpt"
+        _fake_ckpt(path, task, model)
+        os.utime(path, (now + k, now + k))
+    (tmp_path / "e" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "e" / "checkpoints" / "best.ckpt").write_bytes(b"not a checkpoint")
+    found = decoding.find_checkpoints(tmp_path)
+    assert [p.parts[-3] for p in found] == ["c", "b"]
+
+
+def test_decoding_speed_ratios_against_transformer_at_same_beam():
+    def row(model, beam, speed):
+        return decoding.DecodeResult(model, 1, beam, 10, 10 / speed, speed, speed, 30.0, "sig", 8000)
+
+    rows = [row("lightconv_small", 1, 300), row("transformer_small", 1, 200), row("transformer_small", 5, 40),
+            row("lightconv_small", 5, 50)]
+    decoding.add_speed_ratios(rows)
+    assert [r.speed_ratio for r in rows] == [1.5, 1.0, 1.0, 1.25]
+    table = decoding.format_table(rows)
+    assert "lightconv_small" in table and "1.25" in table
+
+
+def test_scaling_is_per_token_growth_against_reference_length():
+    from benchmarks.mixers import PointResult, format_scaling, scaling
+
+    def point(mixer, T, batch, ms, mb):
+        return PointResult(mixer, False, T, batch, 32, "fp32", fwd_bwd_ms=ms, peak_mem_mb=mb)
+
+    rows = [point("sa", 512, 4, 100.0, 10.0), point("sa", 2048, 1, 400.0, 40.0),
+            point("conv", 512, 4, 50.0, 8.0), point("conv", 1024, 2, 50.0, 8.0), point("conv", 2048, 1, 60.0, 8.0),
+            point("lonely", 512, 4, 1.0, 1.0)]
+    items = {i["mixer"]: i for i in scaling(rows, ref_T=512)}
+    assert set(items) == {"sa", "conv"}
+    assert items["sa"]["time_per_token_x"] == pytest.approx(4.0) and items["sa"]["mem_per_token_x"] == pytest.approx(4.0)
+    assert items["conv"]["T_max"] == 2048 and items["conv"]["time_per_token_x"] == pytest.approx(1.2)
+    assert "time/token x" in format_scaling(list(items.values()))
