@@ -30,6 +30,18 @@ def _window(t, left_ptr, right_ptr, off, mask, T, l_max, r_max, max_offset, CAUS
 
 
 @triton.jit
+def _head_tile(T, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's tile: batch row b, times t, head h and its channels d (axis 1 = heads x channel blocks)."""
+    n_tb = tl.cdiv(T, BLOCK_T)
+    n_db = tl.cdiv(D, BLOCK_D)
+    pid_bt = tl.program_id(0)
+    pid_hd = tl.program_id(1)
+    t = (pid_bt % n_tb) * BLOCK_T + tl.arange(0, BLOCK_T)
+    d = (pid_hd % n_db) * BLOCK_D + tl.arange(0, BLOCK_D)
+    return pid_bt // n_tb, t, pid_hd // n_db, d
+
+
+@triton.jit
 def _read_prefix(s_row, u, c, C, mask):
     """S at fractional rows u (BLOCK_T,) for channels c (BLOCK_D,), linearly interpolated."""
     lo = tl.floor(u)
@@ -69,14 +81,7 @@ def talk_fwd_kernel(
     CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """y[b, t, c] = S(end) − S(start) for the window of (b, t, head of c). Tile: time block x part of one head."""
-    pid_bt = tl.program_id(0)
-    pid_hd = tl.program_id(1)
-    n_tb = tl.cdiv(T, BLOCK_T)
-    n_db = tl.cdiv(D, BLOCK_D)
-    b = pid_bt // n_tb
-    t = (pid_bt % n_tb) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = pid_hd // n_db
-    d = (pid_hd % n_db) * BLOCK_D + tl.arange(0, BLOCK_D)
+    b, t, h, d = _head_tile(T, D, BLOCK_T, BLOCK_D)
     t_ok = t < T
     c = h * D + d
     m = t_ok[:, None] & (d < D)[None, :]
@@ -95,14 +100,7 @@ def talk_bwd_input_kernel(
     CAUSAL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dx[b, j, c] = (1/K) Σ_i dy[b, i, c] · |[j, j+1) ∩ [start_i, end_i)| over i ∈ [j − reach_r, j + reach_l]."""
-    pid_bt = tl.program_id(0)
-    pid_hd = tl.program_id(1)
-    n_tb = tl.cdiv(T, BLOCK_T)
-    n_db = tl.cdiv(D, BLOCK_D)
-    b = pid_bt // n_tb
-    j = (pid_bt % n_tb) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = pid_hd // n_db
-    d = (pid_hd % n_db) * BLOCK_D + tl.arange(0, BLOCK_D)
+    b, j, h, d = _head_tile(T, D, BLOCK_T, BLOCK_D)
     j_ok = j < T
     d_ok = d < D
     c = h * D + d
