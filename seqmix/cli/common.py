@@ -1,4 +1,4 @@
-"""Pieces shared by the train and generate entry points: building the model, error reporting."""
+"""Pieces shared by the train and generate entry points: building the model and task, error reporting."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -21,6 +21,22 @@ log = logging.getLogger("seqmix")
 def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
     return instantiate(model_cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                        padding_idx=padding_idx)
+
+
+def task_class(cfg: DictConfig) -> type:
+    """The task's LightningModule class (``task.module._target_``): it knows how to build its model."""
+    return get_class(cfg.task.module._target_)
+
+
+def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
+    """The configured task around ``model`` (built from the config when None), as train.py and generate.py use it."""
+    cls = task_class(cfg)
+    if model is None:
+        model = cls.build_model(cfg, tokenizer.vocab_size, tokenizer.pad)
+    factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
+    return factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
+                   scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+                   run_config=to_container(cfg), **cls.options_from_config(cfg))
 
 
 def count_parameters(model: nn.Module) -> int:

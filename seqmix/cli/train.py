@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from seqmix.checkpoint import check_resumable
-from seqmix.cli.common import build_model, count_parameters, module_summary, to_container
+from seqmix.cli.common import build_task, count_parameters, module_summary, task_class
 from seqmix.errors import SeqmixError
 
 log = logging.getLogger("seqmix")
@@ -18,8 +18,7 @@ log = logging.getLogger("seqmix")
 
 def dry_run(cfg: DictConfig) -> int:
     """Build the model from the config alone (vocabulary size from task.vocab_size) and report its size."""
-    vocab = int(cfg.task.vocab_size)
-    model = build_model(cfg.model, vocab, vocab, padding_idx=1)
+    model = task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
     n = count_parameters(model)
     print(module_summary(model))
     print(f"parameters: {n}")
@@ -44,7 +43,7 @@ def finish_wandb() -> None:
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Train per ``cfg``; returns the final BLEU (for sweeps) or None."""
+    """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps) or None."""
     if cfg.dry_run:
         dry_run(cfg)
         return None
@@ -54,18 +53,9 @@ def train(cfg: DictConfig) -> float | None:
 
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
-    tokenizer = datamodule.tokenizer
-    model = build_model(cfg.model, tokenizer.vocab_size, tokenizer.vocab_size, tokenizer.pad)
-    log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(model):,}")
-    print(f"parameters: {count_parameters(model)}")
-
-    task_factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
-    task = task_factory(
-        model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
-        scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-        label_smoothing=cfg.label_smoothing, generation=to_container(cfg.task.generation),
-        bleu=to_container(cfg.task.bleu), run_config=to_container(cfg),
-    )
+    task = build_task(cfg, datamodule.tokenizer)
+    log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
+    print(f"parameters: {count_parameters(task.model)}")
     callbacks = instantiate_callbacks(cfg)
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False)
     try:
@@ -89,10 +79,11 @@ def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> f
     task.test_split = split
     task.reference_source = datamodule
     trainer.test(task, dataloaders=datamodule.dataloader(split), ckpt_path=ckpt or None, verbose=False)
-    result = task.last_bleu.get(split)
+    report = task.reports.get(split)
     if trainer.is_global_zero:
-        if result is not None:
-            print(f"{split} BLEU: {result.score:.2f}")
-            print(f"sacreBLEU: {result}")
+        if report is not None:
+            print(f"{split} {report.headline}")
+            for line in report.details:
+                print(line)
         print(f"checkpoint: {ckpt or '(none saved)'}")
-    return None if result is None else result.score
+    return None if report is None else report.score

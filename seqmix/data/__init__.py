@@ -1,9 +1,14 @@
-"""Data pipeline: parallel text sources, joint BPE tokenizer, token-budget batching, Lightning data module."""
+"""Data pipeline: text sources, tokenizers (joint BPE or words), token-budget batching, Lightning data modules."""
 
 from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.datamodule import TranslationDataModule
 from seqmix.data.dataset import PairDataset, collate_pairs, filter_by_length
+from seqmix.data.lm_blocks import BlockDataset, collate_blocks, make_blocks
+from seqmix.data.lm_datamodule import LanguageModelingDataModule
 from seqmix.data.sources import HFParallelSource, LocalParallelSource, ParallelCorpus, ToyReverseSource
+from seqmix.data.summarization_datamodule import SummarizationDataModule
+from seqmix.data.summary_sources import JsonlSummarySource
+from seqmix.data.text_sources import HFTextSource, LocalTextSource, TextCorpus
 from seqmix.data.tokenizer import (
     SPECIALS,
     Tokenizer,
@@ -14,7 +19,16 @@ from seqmix.data.tokenizer import (
 
 __all__ = [
     "SPECIALS",
+    "BlockDataset",
     "HFParallelSource",
+    "HFTextSource",
+    "JsonlSummarySource",
+    "LanguageModelingDataModule",
+    "LocalTextSource",
+    "SummarizationDataModule",
+    "TextCorpus",
+    "collate_blocks",
+    "make_blocks",
     "LocalParallelSource",
     "PairDataset",
     "ParallelCorpus",

@@ -38,6 +38,19 @@ def _unpack(packed: dict) -> list[list[int]]:
     return out
 
 
+def save_atomic(obj, path: Path) -> None:
+    """torch.save via a temp file + rename: a crash or a concurrent rank never leaves a half-written cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class TranslationDataModule(lightning.LightningDataModule):
     """Reads every configured split once, shares one joint BPE tokenizer, and caches encodings on disk."""
 
@@ -92,18 +105,25 @@ class TranslationDataModule(lightning.LightningDataModule):
         datasets, skipped = {}, {}
         for split, corpus in corpora.items():
             src, tgt = self._encoded(tok, corpus, key_dir / f"{split}-{prints[split][:16]}.pt")
+            src = self.prepare_sources(src)
             full = PairDataset(src, tgt, corpus.src, corpus.tgt, eos=tok.eos)
             keep, skipped[split] = filter_by_length(full.src_sizes, full.tgt_sizes,
                                                     self.max_source_positions, self.max_target_positions)
             keep = keep.tolist()
+            refs = corpus.reference_sets()
             datasets[split] = PairDataset([src[i] for i in keep], [tgt[i] for i in keep],
-                                          [corpus.src[i] for i in keep], [corpus.tgt[i] for i in keep], eos=tok.eos)
+                                          [corpus.src[i] for i in keep], [corpus.tgt[i] for i in keep], eos=tok.eos,
+                                          references=[refs[i] for i in keep])
         if len(datasets["train"]) == 0:
             raise SeqmixError(
                 f"all {len(train)} training pairs are longer than max_source_positions="
                 f"{self.max_source_positions} / max_target_positions={self.max_target_positions}; raise them"
             )
         return tok, datasets, skipped
+
+    def prepare_sources(self, src: list[list[int]]) -> list[list[int]]:
+        """Hook for subclasses (summarization truncates long documents); translation keeps sources whole."""
+        return src
 
     @staticmethod
     def _encoded(tok: Tokenizer, corpus: ParallelCorpus, path: Path) -> tuple[list, list]:
@@ -117,15 +137,7 @@ class TranslationDataModule(lightning.LightningDataModule):
             except Exception as e:  # a truncated/foreign file: re-encode and overwrite it
                 log.warning("ignoring unreadable encoding cache %s (%s)", path, e)
         src, tgt = tok.encode_batch(corpus.src), tok.encode_batch(corpus.tgt)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save({"src": _pack(src), "tgt": _pack(tgt)}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        save_atomic({"src": _pack(src), "tgt": _pack(tgt)}, path)
         return src, tgt
 
     def prepare_data(self):
@@ -196,3 +208,10 @@ class TranslationDataModule(lightning.LightningDataModule):
         if self.tokenizer is None:
             self.setup()
         return [self.tokenizer.normalize_reference(t) for t in self.datasets[split].tgt_texts]
+
+    def reference_sets(self, split: str) -> list[list[str]]:
+        """Every normalized reference of each kept example (one for translation data), indexed like the dataset."""
+        if self.tokenizer is None:
+            self.setup()
+        norm = self.tokenizer.normalize_reference
+        return [[norm(r) for r in refs] for refs in self.datasets[split].references]

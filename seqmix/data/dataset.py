@@ -9,13 +9,17 @@ from seqmix.data.tokenizer import Tokenizer
 
 
 class PairDataset(torch.utils.data.Dataset):
-    """Encoded pairs, eos appended, plus the raw texts (kept for references and debugging)."""
+    """Encoded pairs, eos appended, plus the raw texts (kept for references and debugging) and every reference
+    of each example (``[tgt_text]`` unless the data has several)."""
 
     def __init__(self, src: list[list[int]], tgt: list[list[int]], src_texts: list[str], tgt_texts: list[str],
-                 eos: int = Tokenizer.eos):
+                 eos: int = Tokenizer.eos, references: list[list[str]] | None = None):
         if not len(src) == len(tgt) == len(src_texts) == len(tgt_texts):
             raise ValueError("PairDataset needs src, tgt, src_texts and tgt_texts of equal length")
+        if references is not None and len(references) != len(src):
+            raise ValueError("PairDataset needs one reference set per example")
         self.src, self.tgt, self.src_texts, self.tgt_texts, self.eos = src, tgt, src_texts, tgt_texts, eos
+        self.references = references if references is not None else [[t] for t in tgt_texts]
         # Sizes as batched (with eos): what length filtering and the token budget must see.
         self.src_sizes = np.fromiter((len(s) + 1 for s in src), dtype=np.int64, count=len(src))
         self.tgt_sizes = np.fromiter((len(t) + 1 for t in tgt), dtype=np.int64, count=len(tgt))

@@ -22,14 +22,27 @@ SPLITS = ("train", "valid", "test")
 
 @dataclass
 class ParallelCorpus:
-    """Aligned source/target sentences; line i of ``src`` translates to line i of ``tgt``."""
+    """Aligned source/target sentences; line i of ``src`` translates to line i of ``tgt``.
+
+    ``references`` optionally holds every reference of example i (``tgt[i]`` is the one trained on), for
+    multi-reference scoring; without it each example has ``[tgt[i]]``.
+    """
 
     src: list[str]
     tgt: list[str]
+    references: list[list[str]] | None = None
 
     def __post_init__(self):
         if len(self.src) != len(self.tgt):
             raise ValueError(f"ParallelCorpus needs aligned sides, got {len(self.src)} src vs {len(self.tgt)} tgt")
+        if self.references is not None and len(self.references) != len(self.src):
+            raise ValueError(f"ParallelCorpus has {len(self.src)} examples but {len(self.references)} reference sets")
+
+    def inputs(self) -> list[str]:
+        return self.src
+
+    def reference_sets(self) -> list[list[str]]:
+        return self.references if self.references is not None else [[t] for t in self.tgt]
 
     def __len__(self) -> int:
         return len(self.src)
@@ -53,6 +66,42 @@ def _split_lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def read_text(path: Path) -> str:
+    """A plain or gzipped UTF-8 file's text, with one clear error for bad gzip or encoding."""
+    raw = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise SeqmixError(f"{path} is not a valid gzip file ({e}); re-create or decompress it") from e
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SeqmixError(f"{path} is not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8") from e
+
+
+def read_lines(path: Path) -> list[str]:
+    lines = _split_lines(read_text(path))
+    if not lines:
+        raise SeqmixError(f"{path} is empty; it must hold one sentence per line")
+    return lines
+
+
+def find_split_file(directory: Path, split: str, name: str, pattern: str) -> Path:
+    """``directory/name`` or ``name.gz`` (plain preferred), else an error listing what is there."""
+    if not directory.is_dir():
+        raise SeqmixError(f"data directory {str(directory)!r} does not exist; set task.data.source.path=<directory "
+                          f"holding {name} and the other split files>")
+    for candidate in (directory / name, directory / (name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    present = sorted(p.name for p in directory.iterdir()) or ["(no files)"]
+    raise SeqmixError(
+        f"split {split!r} needs {name} (or {name}.gz) in {directory}, which holds: {', '.join(present)}; "
+        f"fix the split name in task.data.splits or the file name pattern task.data.source.pattern={pattern!r}"
+    )
+
+
 class LocalParallelSource:
     """Plain or gzipped line-aligned text files, e.g. ``train.en`` / ``train.de.gz``."""
 
@@ -71,15 +120,7 @@ class LocalParallelSource:
     def _file(self, split: str, lang: str) -> Path:
         """The split file, plain preferred over ``.gz`` when both exist."""
         self._require_dir()
-        name = self.pattern.format(split=split, lang=lang)
-        for candidate in (self.path / name, self.path / (name + ".gz")):
-            if candidate.is_file():
-                return candidate
-        present = sorted(p.name for p in self.path.iterdir()) or ["(no files)"]
-        raise SeqmixError(
-            f"split {split!r} needs {name} (or {name}.gz) in {self.path}, which holds: {', '.join(present)}; "
-            f"fix the split name in task.data.splits or the file name pattern task.data.source.pattern={self.pattern!r}"
-        )
+        return find_split_file(self.path, split, self.pattern.format(split=split, lang=lang), self.pattern)
 
     def available_splits(self) -> list[str]:
         """Split names for which both language files exist."""
@@ -90,22 +131,7 @@ class LocalParallelSource:
         found = {m.group("split") for n in names if (m := re.fullmatch(rx, n))}
         return sorted(s for s in found if self.pattern.format(split=s, lang=self.tgt_lang) in names)
 
-    @staticmethod
-    def _read_lines(path: Path) -> list[str]:
-        raw = path.read_bytes()
-        if path.name.endswith(".gz"):
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
-                raise SeqmixError(f"{path} is not a valid gzip file ({e}); re-create or decompress it") from e
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SeqmixError(f"{path} is not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8") from e
-        lines = _split_lines(text)
-        if not lines:
-            raise SeqmixError(f"{path} is empty; it must hold one sentence per line")
-        return lines
+    _read_lines = staticmethod(read_lines)
 
     def read(self, split: str) -> ParallelCorpus:
         src_file, tgt_file = self._file(split, self.src_lang), self._file(split, self.tgt_lang)
@@ -189,7 +215,7 @@ class HFParallelSource:
     def available_splits(self) -> list[str]:
         return sorted(self._load().keys())
 
-    def read(self, split: str) -> ParallelCorpus:
+    def _dataset(self, split: str):
         splits = self._load()
         hf_split = self.split_names.get(split, split)
         if hf_split not in splits:
@@ -198,7 +224,10 @@ class HFParallelSource:
                 f"{sorted(splits.keys())}; map it with task.data.source.split_names={{{split}: <one of those>}} "
                 f"or fix task.data.splits"
             )
-        ds = splits[hf_split]
+        return splits[hf_split]
+
+    def read(self, split: str) -> ParallelCorpus:
+        ds = self._dataset(split)
         return ParallelCorpus(self._column(ds, self.src_lang), self._column(ds, self.tgt_lang))
 
     def _column(self, ds, lang: str) -> list[str]:

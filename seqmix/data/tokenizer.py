@@ -1,10 +1,14 @@
-"""Joint BPE subword tokenizer (Hugging Face ``tokenizers``) with lossless decoding.
+"""Joint BPE subword tokenizer (Hugging Face ``tokenizers``) with lossless decoding, or a word-level vocabulary.
 
 Decoding is exact up to the tokenizer's normalizer, which is what :meth:`Tokenizer.normalize_reference` applies:
 NFKC (so e.g. NBSP becomes a space), every whitespace run becomes one space, leading/trailing whitespace is
 stripped, and lowercasing when ``lowercase``. So ``decode(encode(s)) == normalize_reference(s)`` for any ``s``
 whose characters were seen in training (others decode as ``<unk>``) and that does not contain U+2581 ("▁",
 which decodes as a space). Scoring hypotheses against ``normalize_reference(ref)`` is therefore fair.
+
+The word-level kind (``kind="word"``, for pre-tokenized language-modeling data such as WikiText) splits on
+whitespace only; its ids after the specials are sorted by training frequency, which adaptive input/softmax
+cutoffs rely on. Words outside the vocabulary (and a literal ``<unk>`` in the data) map to the unk id.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -23,6 +28,7 @@ from seqmix.errors import SeqmixError
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0,1,2,3 (fairseq order)
 _FORMAT = "seqmix-bpe-v1"  # bump when the pipeline below changes, so old caches are not reused
+_FORMATS = {"bpe": _FORMAT, "word": "seqmix-word-v1"}
 
 
 class Tokenizer:
@@ -30,13 +36,13 @@ class Tokenizer:
 
     bos, pad, eos, unk = 0, 1, 2, 3
 
-    def __init__(self, hf: _HFTokenizer, lowercase: bool):
+    def __init__(self, hf: _HFTokenizer, lowercase: bool, kind: str = "bpe"):
         for i, tok in enumerate(SPECIALS):
             if hf.token_to_id(tok) != i:
                 raise SeqmixError(f"tokenizer file maps {tok!r} to id {hf.token_to_id(tok)}, expected {i}; "
                                   "delete the cached tokenizer so it is retrained")
         hf.encode_special_tokens = True  # a literal "<s>" in the data is text, not the bos id
-        self._hf, self.lowercase = hf, lowercase
+        self._hf, self.lowercase, self.kind = hf, lowercase, kind
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
@@ -65,14 +71,18 @@ class Tokenizer:
         return self._hf.normalizer.normalize_str(text)
 
     def to_json(self) -> str:
-        return json.dumps({"format": _FORMAT, "lowercase": self.lowercase, "hf": json.loads(self._hf.to_str())})
+        return json.dumps({"format": _FORMATS[self.kind], "lowercase": self.lowercase,
+                           "hf": json.loads(self._hf.to_str())})
 
     @classmethod
     def from_json(cls, s: str) -> Tokenizer:
         data = json.loads(s)
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise SeqmixError(f"not a {_FORMAT} tokenizer file; delete it so the tokenizer is retrained")
-        return cls(_HFTokenizer.from_str(json.dumps(data["hf"])), lowercase=bool(data["lowercase"]))
+        kinds = {v: k for k, v in _FORMATS.items()}
+        if not isinstance(data, dict) or data.get("format") not in kinds:
+            raise SeqmixError(f"not a seqmix tokenizer file ({' or '.join(kinds)}); delete it so the tokenizer "
+                              "is retrained")
+        return cls(_HFTokenizer.from_str(json.dumps(data["hf"])), lowercase=bool(data["lowercase"]),
+                   kind=kinds[data["format"]])
 
     def save(self, path) -> None:
         _atomic_write_text(Path(path), self.to_json())
@@ -100,12 +110,19 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def _normalizer(lowercase: bool, unicode: bool = True) -> normalizers.Normalizer:
+    """NFKC (BPE only: word-level data is already tokenized, so distinct words stay distinct), one space for
+    every whitespace run, stripped, optionally lowercased."""
+    steps = [normalizers.NFKC()] if unicode else []
+    steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    return normalizers.Sequence(steps + ([normalizers.Lowercase()] if lowercase else []))
+
+
 def _build_hf(lowercase: bool) -> _HFTokenizer:
     """Metaspace keeps word boundaries as "▁" so decoding restores spaces exactly; punctuation and digits are
     split off so BPE does not learn "dog." and "dog," as separate words."""
     hf = _HFTokenizer(models.BPE(unk_token="<unk>"))
-    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
-    hf.normalizer = normalizers.Sequence(steps + ([normalizers.Lowercase()] if lowercase else []))
+    hf.normalizer = _normalizer(lowercase)
     hf.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
         pre_tokenizers.Punctuation("isolated"),
@@ -115,12 +132,40 @@ def _build_hf(lowercase: bool) -> _HFTokenizer:
     return hf
 
 
+def train_word_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = False,
+                         min_frequency: int = 1) -> Tokenizer:
+    """Whitespace words seen at least ``min_frequency`` times, most frequent first, at most ``vocab_size`` ids
+    including the specials. The vocabulary is built here rather than by ``WordLevelTrainer``, which would give a
+    literal ``<unk>`` in the data an id of its own."""
+    norm = _normalizer(lowercase, unicode=False)
+    counts: Counter[str] = Counter()
+    for text in texts:
+        counts.update(norm.normalize_str(text).split())
+    for special in SPECIALS:
+        counts.pop(special, None)
+    words = sorted((w for w, c in counts.items() if c >= min_frequency), key=lambda w: (-counts[w], w))
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    vocab.update((w, len(SPECIALS) + i) for i, w in enumerate(words[: vocab_size - len(SPECIALS)]))
+    if len(vocab) == len(SPECIALS):
+        raise SeqmixError("the tokenizer training text is empty; check the train split of the data")
+    hf = _HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.normalizer = norm
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(hf, lowercase, kind="word")
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = False,
-                    min_frequency: int = 2) -> Tokenizer:
-    """Train BPE on ``texts`` (pass source and target text together for a joint vocabulary)."""
+                    min_frequency: int = 2, kind: str = "bpe") -> Tokenizer:
+    """Train BPE (or a word vocabulary, ``kind="word"``) on ``texts`` (source and target together for a joint
+    vocabulary)."""
+    if kind not in _FORMATS:
+        raise SeqmixError(f"tokenizer kind {kind!r} is unknown; set task.data.tokenizer.kind to one of "
+                          f"{sorted(_FORMATS)}")
     if vocab_size <= len(SPECIALS):
         raise SeqmixError(f"tokenizer vocab_size={vocab_size} is too small; set task.data.tokenizer.vocab_size "
                           f"well above {len(SPECIALS)} (e.g. 8000)")
+    if kind == "word":
+        return train_word_tokenizer(texts, vocab_size, lowercase, min_frequency)
     hf = _build_hf(lowercase)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(SPECIALS), show_progress=False)
@@ -130,24 +175,25 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = Fal
     return Tokenizer(hf, lowercase)
 
 
-def tokenizer_cache_key(vocab_size: int, lowercase: bool, min_frequency: int, key_parts: dict) -> str:
+def tokenizer_cache_key(vocab_size: int, lowercase: bool, min_frequency: int, key_parts: dict,
+                        kind: str = "bpe") -> str:
     """sha256 over every setting and the caller's content fingerprint: any change gives a new cache entry."""
     parts = {**key_parts, "vocab_size": vocab_size, "lowercase": lowercase, "min_frequency": min_frequency,
-             "format": _FORMAT}
+             "format": _FORMATS.get(kind, kind)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def load_or_train_tokenizer(texts_fn: Callable[[], Iterable[str]], vocab_size: int, lowercase: bool,
-                            cache_dir: str, key_parts: dict, min_frequency: int = 2) -> Tokenizer:
+                            cache_dir: str, key_parts: dict, min_frequency: int = 2, kind: str = "bpe") -> Tokenizer:
     """Load ``cache_dir/<key>/tokenizer.json`` or train and store it; ``texts_fn`` is only called on a miss.
 
     ``key_parts`` must include a fingerprint of the training text, or a changed corpus would hit a stale entry.
     """
-    key = tokenizer_cache_key(vocab_size, lowercase, min_frequency, key_parts)
+    key = tokenizer_cache_key(vocab_size, lowercase, min_frequency, key_parts, kind)
     path = Path(os.path.expanduser(cache_dir)) / key / "tokenizer.json"
     if path.is_file():
         return Tokenizer.load(path)
-    tok = train_tokenizer(texts_fn(), vocab_size, lowercase=lowercase, min_frequency=min_frequency)
+    tok = train_tokenizer(texts_fn(), vocab_size, lowercase=lowercase, min_frequency=min_frequency, kind=kind)
     try:
         tok.save(path)
     except OSError as e:

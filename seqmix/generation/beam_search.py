@@ -4,6 +4,12 @@ fairseq conventions: hypotheses end in eos; a finished hypothesis scores
 ``sum(log p) / len ** len_penalty`` with len counting the eos; a sentence is done once ``beam_size``
 hypotheses are finished; eos is only taken from the best ``beam_size`` candidates. Lengths are per
 sentence: ``max_len = max_len_a * src_len + max_len_b`` (src_len counts the source's eos, not pads).
+
+``stepwise_len_penalty`` (summarization, Wu et al. 2019 §5.2) applies the length-normalized score at every step
+instead of only when ranking the first ``beam_size`` finished hypotheses: a sentence stops only once no live
+hypothesis can still beat its worst finished one under that score, and a better late hypothesis replaces a
+worse early one. Plain fairseq stopping keeps the first finished (short) hypotheses even when
+``len_penalty > 1`` would prefer longer ones. It never lowers the best score (live beams are the same).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ class BeamSearch:
     def __init__(self, bos: int, eos: int, pad: int, beam_size: int = 5, max_len_a: float = 0.0,
                  max_len_b: int = 200, min_len_a: float = 0.0, min_len_b: int = 1, len_penalty: float = 1.0,
                  no_repeat_ngram_size: int = 0, incremental: bool = True, max_target_positions: int | None = None,
-                 unk: int | None = None, unk_penalty: float = 0.0) -> None:
+                 unk: int | None = None, unk_penalty: float = 0.0, stepwise_len_penalty: bool = False) -> None:
         if beam_size < 1:
             raise ValueError("beam_size must be >= 1")
         self.bos, self.eos, self.pad, self.unk = bos, eos, pad, unk
@@ -51,6 +57,7 @@ class BeamSearch:
         self.incremental = incremental
         self.max_target_positions = max_target_positions
         self.unk_penalty = unk_penalty
+        self.stepwise_len_penalty = stepwise_len_penalty
 
     def length_bounds(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
         src_len = src_tokens.ne(self.pad).sum(1).float()
@@ -116,7 +123,7 @@ class BeamSearch:
             if is_eos.any():
                 self._finalize(is_eos, top_rows, top_scores, cum, tokens, pos_scores, step, finalized)
                 for b in is_eos.any(1).nonzero().flatten().tolist():
-                    if len(finalized[b]) >= k:
+                    if len(finalized[b]) >= k and not self.stepwise_len_penalty:
                         done[b] = True
             if bool(done.all()) or step == steps:
                 break
@@ -132,17 +139,36 @@ class BeamSearch:
             pos_scores = pos_scores[rows]
             pos_scores[:, step] = keep_scores.flatten() - prev_cum
             cum = keep_scores
+            if self.stepwise_len_penalty:
+                done |= self._cannot_improve(finalized, cum, step, max_len)
             cum[done] = -math.inf
+            if bool(done.all()):
+                break
             if state is not None:
                 state.reorder(rows)
 
         return [sorted(f, key=lambda h: -h.score)[:k] for f in finalized]
 
+    def _cannot_improve(self, finalized: list[list[Hypothesis]], cum: Tensor, step: int, max_len: Tensor) -> Tensor:
+        """Per sentence: beam_size hypotheses finished and none of its live ones (cumulative log-prob ``cum``,
+        which only falls) can reach the worst of them at any length it may still end at."""
+        alpha = self.len_penalty
+        out = torch.zeros(len(finalized), dtype=torch.bool, device=cum.device)
+        for b, hyps in enumerate(finalized):
+            if len(hyps) < self.beam_size:
+                continue
+            best_live = float(cum[b].max())
+            # score = cum / len**alpha with cum <= 0: the best length is the longest for alpha > 0, else the shortest
+            length = int(max_len[b]) + 1 if alpha > 0 else step + 2
+            out[b] = best_live / (length**alpha) <= min(h.score for h in hyps)
+        return out
+
     def _finalize(self, is_eos: Tensor, top_rows: Tensor, top_scores: Tensor, cum: Tensor, tokens: Tensor,
                   pos_scores: Tensor, step: int, finalized: list[list[Hypothesis]]) -> None:
         flat_cum = cum.view(-1)
         for b, j in is_eos.nonzero().tolist():
-            if len(finalized[b]) >= self.beam_size:
+            full = len(finalized[b]) >= self.beam_size
+            if full and not self.stepwise_len_penalty:
                 continue
             row = int(top_rows[b, j])
             total = float(top_scores[b, j])
@@ -150,4 +176,10 @@ class BeamSearch:
             scores = pos_scores[row, : step + 1].clone()
             scores[step] = total - float(flat_cum[row])
             length = step + 1
-            finalized[b].append(Hypothesis(seq, total / (length ** self.len_penalty), scores))
+            hyp = Hypothesis(seq, total / (length ** self.len_penalty), scores)
+            if full:  # stepwise: a better hypothesis replaces the worst finished one
+                worst = min(range(len(finalized[b])), key=lambda i: finalized[b][i].score)
+                if hyp.score > finalized[b][worst].score:
+                    finalized[b][worst] = hyp
+                continue
+            finalized[b].append(hyp)

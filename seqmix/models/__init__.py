@@ -1,5 +1,7 @@
 """Backbones built from shared blocks; mixers are injected."""
 
+from seqmix.models.adaptive import AdaptiveInput, AdaptiveSoftmax
+from seqmix.models.decoder_only import DecoderOnly
 from seqmix.models.encoder_decoder import DecoderState, EncoderDecoder, EncoderOut
 
-__all__ = ["EncoderDecoder", "EncoderOut", "DecoderState"]
+__all__ = ["EncoderDecoder", "EncoderOut", "DecoderState", "DecoderOnly", "AdaptiveInput", "AdaptiveSoftmax"]

@@ -54,7 +54,7 @@ def _stack_settings(settings: dict) -> dict:
 
 
 class Stack(nn.Module):
-    """Embeddings → dropout → N blocks → final norm (pre-norm only). Shared by encoder and decoder."""
+    """Embeddings → dropout → N blocks → final norm (pre-norm only). Shared by encoder, decoder and LM."""
 
     def __init__(self, embed_tokens: nn.Embedding, max_positions: int, positions: str, dropout: float,
                  scale_embedding: bool, layers: int, ffn_dim: int, mixer: Callable, causal: bool,
@@ -83,6 +83,22 @@ class Stack(nn.Module):
 
     def finish(self, x: Tensor) -> Tensor:
         return x if self.layer_norm is None else self.layer_norm(x)
+
+    def forward(self, tokens: Tensor, state: DecoderState | None = None, encoder_out: Tensor | None = None,
+                encoder_padding_mask: Tensor | None = None) -> Tensor:
+        """Causal pass of a decoder stack (B, T, C), shared by EncoderDecoder and DecoderOnly. With ``state``,
+        ``tokens`` holds only the new step(s) and positions continue from ``state.step``."""
+        offset = 0 if state is None else state.step
+        x = self.embed(tokens, offset)
+        padding_mask = tokens.eq(self.padding_idx) if state is None else None
+        if padding_mask is not None and not padding_mask.any():
+            padding_mask = None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, key_padding_mask=padding_mask, encoder_out=encoder_out,
+                      encoder_padding_mask=encoder_padding_mask, state=None if state is None else state.blocks[i])
+        if state is not None:
+            state.step += tokens.size(1)
+        return self.finish(x)
 
 
 class EncoderDecoder(nn.Module):
@@ -135,19 +151,8 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None) -> Tensor:
         """Logits (B, T, V). With ``state``, ``prev_output_tokens`` holds only the new step(s)."""
-        dec = self.decoder
-        offset = 0 if state is None else state.step
-        x = dec.embed(prev_output_tokens, offset)
-        padding_mask = prev_output_tokens.eq(self.padding_idx) if state is None else None
-        if padding_mask is not None and not padding_mask.any():
-            padding_mask = None
         enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
-        for i, layer in enumerate(dec.layers):
-            x = layer(x, key_padding_mask=padding_mask, encoder_out=encoder_out.out,
-                      encoder_padding_mask=enc_mask, state=None if state is None else state.blocks[i])
-        if state is not None:
-            state.step += prev_output_tokens.size(1)
-        return self.output_layer(dec.finish(x))
+        return self.output_layer(self.decoder(prev_output_tokens, state, encoder_out.out, enc_mask))
 
     def output_layer(self, x: Tensor) -> Tensor:
         if self.output_projection is None:

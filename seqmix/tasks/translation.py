@@ -2,92 +2,56 @@
 
 from __future__ import annotations
 
-import inspect
-import math
-import time
 from collections.abc import Callable
 
-import lightning as L
 import torch
-import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from seqmix.data import PairDataset
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
-from seqmix.metrics import BleuResult, corpus_bleu
+from seqmix.generation.decode import decode_dataset
+from seqmix.metrics import corpus_bleu
+from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.losses import label_smoothed_nll_loss
 
-
-def _all_gather_objects(obj):
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
-    return [obj]
+BEAM_OPTIONS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
+                "no_repeat_ngram_size", "stepwise_len_penalty")
 
 
-class TranslationTask(L.LightningModule):
-    """Wraps an encoder-decoder model; owns loss, optimizer/scheduler, decoding and BLEU."""
+class TranslationTask(SeqmixTask):
+    """Wraps an encoder-decoder model; owns loss, decoding and BLEU."""
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  label_smoothing: float = 0.1, generation: dict | None = None, bleu: dict | None = None,
-                 eval_bleu: bool = True, run_config: dict | None = None) -> None:
-        super().__init__()
-        self.model = model
-        self.tokenizer = tokenizer
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
+                 eval_decode: bool = True, run_config: dict | None = None) -> None:
+        super().__init__(model, tokenizer, optimizer, scheduler, run_config)
         self.label_smoothing = label_smoothing
         self.generation = dict(generation or {})
         self.bleu_options = dict(bleu or {})
-        self.eval_bleu = eval_bleu
-        self.run_config = run_config or {}
-        self._eval_outputs: list = []
-        self._last_step_time: float | None = None
-        self.last_bleu: dict[str, BleuResult] = {}
+        self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
+
+    @classmethod
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+        """The model preset as configured; source and target share one (joint) vocabulary."""
+        return instantiate(cfg.model, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, padding_idx=padding_idx)
+
+    @classmethod
+    def options_from_config(cls, cfg: DictConfig) -> dict:
+        def plain(key):
+            value = cfg.task.get(key)
+            return {} if value is None else OmegaConf.to_container(value, resolve=True)
+
+        return {"label_smoothing": cfg.label_smoothing, "generation": plain("generation"), "bleu": plain("bleu")}
 
     # --- training ------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         logits = self.model(batch["src_tokens"], batch["prev_output_tokens"])
         return label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.tokenizer.pad)
 
-    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        loss, nll, ntokens = self.compute_loss(batch)
-        if not torch.isfinite(loss):
-            raise SeqmixError(
-                f"training loss became {loss.item()} at step {self.global_step}. Checkpoints written so far are "
-                "kept in the run's checkpoints/ folder; resume from the last one with a lower optim.lr, a longer "
-                "warmup, gradient clipping (trainer.gradient_clip_val) or trainer.precision=bf16-mixed/32-true."
-            )
-        denom = max(ntokens, 1)
-        now = time.perf_counter()
-        if self._last_step_time is not None:
-            self.log("train/tokens_per_s", ntokens / max(now - self._last_step_time, 1e-9), on_step=True)
-        self._last_step_time = now
-        bsz = batch["src_tokens"].size(0)
-        self.log("train/loss", loss.detach() / denom, on_step=True, on_epoch=True, prog_bar=True, batch_size=bsz)
-        self.log("train/nll", nll.detach() / denom, on_step=True, on_epoch=False, batch_size=bsz)
-        self.log("train/ppl", torch.exp(nll.detach() / denom), on_step=True, on_epoch=False, batch_size=bsz)
-        return loss / denom
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if grads:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
-
-    def configure_optimizers(self):
-        optimizer = self.optimizer_factory(params=self.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        kwargs = {}
-        params = inspect.signature(self.scheduler_factory).parameters
-        if "total_updates" in params and params["total_updates"].default is inspect.Parameter.empty:
-            kwargs["total_updates"] = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, **kwargs)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # --- evaluation ----------------------------------------------------------------------------
+    # --- decoding ------------------------------------------------------------------------------
     def beam_search(self, **overrides) -> BeamSearch:
         opts = {**self.generation, **overrides}
         tok = self.tokenizer
@@ -99,50 +63,51 @@ class TranslationTask(L.LightningModule):
         hyps = self.beam_search(**overrides).generate(self.model, src_tokens)
         return [self.tokenizer.decode(h[0].tokens.tolist()) if h else "" for h in hyps]
 
-    def _eval_step(self, batch: dict) -> None:
-        loss, nll, ntokens = self.compute_loss(batch)
-        hyps = self.translate(batch["src_tokens"]) if self.eval_bleu else []
-        self._eval_outputs.append((float(loss), float(nll), ntokens, batch["id"].tolist(), hyps))
+    # --- evaluation ----------------------------------------------------------------------------
+    def _decoding(self) -> bool:
+        return self.eval_decode or self.trainer.testing
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch)
+    def eval_outputs(self, batch: dict) -> list:
+        return self.translate(batch["src_tokens"]) if self._decoding() else []
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._eval_step(batch)
+    def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
+        """Corpus BLEU against the first reference of each example (translation data has one)."""
+        result = corpus_bleu(hypotheses, [refs[0] for refs in references], **self.bleu_options)
+        return Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
+                      metrics={"bleu": result.score})
 
-    def on_validation_epoch_start(self) -> None:
-        self._eval_outputs = []
+    def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report | None:
+        if not self._decoding():
+            return None
+        source = self.references_from()
+        refs = source.reference_sets(split)
+        report = self.score([by_id.get(i, "") for i in range(len(refs))], refs, source.datasets[split].src_texts)
+        for name, value in report.metrics.items():
+            self.log(f"{prefix}/{name}", value, sync_dist=False)
+        return report
 
-    on_test_epoch_start = on_validation_epoch_start
+    def prepare_source_ids(self, ids: list[list[int]]) -> list[list[int]]:
+        """Inputs must fit the model's source positions (with their eos)."""
+        max_src = int(getattr(self.model, "max_source_positions", 1024))
+        too_long = [i + 1 for i, s in enumerate(ids) if len(s) + 1 > max_src]
+        if too_long:
+            raise SeqmixError(f"{len(too_long)} source lines are longer than the model's max_source_positions="
+                              f"{max_src} tokens (lines {too_long[:5]}...); split or shorten them")
+        return ids
 
-    def _eval_epoch_end(self, split: str, prefix: str) -> None:
-        gathered = _all_gather_objects(self._eval_outputs)
-        self._eval_outputs = []
-        # under DDP, ranks with fewer batches repeat earlier ones: count every batch once (by its ids)
-        unique = {tuple(o[3]): o for part in gathered for o in part}
-        outputs = list(unique.values())
-        loss = sum(o[0] for o in outputs)
-        nll = sum(o[1] for o in outputs)
-        ntok = max(sum(o[2] for o in outputs), 1)
-        self.log(f"{prefix}/loss", loss / ntok, sync_dist=False, rank_zero_only=False)
-        self.log(f"{prefix}/nll", nll / ntok, sync_dist=False)
-        self.log(f"{prefix}/ppl", math.exp(min(nll / ntok, 50.0)), sync_dist=False)
-        if not self.eval_bleu or self.trainer.sanity_checking:
-            return
-        by_id = {i: h for o in outputs for i, h in zip(o[3], o[4])}
-        source = getattr(self, "reference_source", None) or self.trainer.datamodule
-        refs = source.references(split)
-        hyps = [by_id.get(i, "") for i in range(len(refs))]
-        result = corpus_bleu(hyps, refs, **self.bleu_options)
-        self.last_bleu[split] = result
-        self.log(f"{prefix}/bleu", result.score, sync_dist=False)
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("valid", "val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end(getattr(self, "test_split", "test"), "test")
-
-    # --- checkpoints ---------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
+    @torch.inference_mode()
+    def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
+                       **overrides) -> tuple[list[str], Report | None]:
+        """Decode ``sources`` (``overrides``: beam options such as beam_size) and score them when references exist."""
+        unknown = set(overrides) - set(BEAM_OPTIONS)
+        if unknown:
+            raise SeqmixError(f"{sorted(unknown)} do not apply to {type(self).__name__}; beam options are "
+                              f"{list(BEAM_OPTIONS)}")
+        ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
+        dataset = PairDataset(ids, [[] for _ in ids], sources, ["" for _ in ids])
+        device = next(self.model.parameters()).device
+        hyps, _ = decode_dataset(self.model, self.tokenizer, dataset, self.beam_search(**overrides), max_tokens, device)
+        if references is None:
+            return hyps, None
+        norm = self.tokenizer.normalize_reference
+        return hyps, self.score(hyps, [[norm(r) for r in refs] for refs in references], sources)

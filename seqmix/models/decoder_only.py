@@ -1,0 +1,49 @@
+"""Decoder-only backbone for language modeling: the encoder-decoder's causal ``Stack`` without cross-attention.
+
+The token embedding is an ``AdaptiveInput`` (one band = a plain embedding) and the output an ``AdaptiveSoftmax``
+(no cutoffs = a full softmax), tied to the input when ``tie_weights``. The model returns features; the output
+head turns them into log-probabilities or per-token NLL, so large vocabularies never materialize (B, T, V).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from torch import Tensor, nn
+
+from seqmix.models.adaptive import AdaptiveInput, AdaptiveSoftmax
+from seqmix.models.encoder_decoder import DecoderState, Stack, _stack_settings
+
+
+class DecoderOnly(nn.Module):
+    def __init__(self, vocab_size: int, padding_idx: int, embed_dim: int, decoder: dict, dropout: float = 0.1,
+                 positions: str = "sinusoidal", max_positions: int = 1024, scale_embedding: bool = True,
+                 tie_weights: bool = True, input_cutoffs: Sequence[int] = (), softmax_cutoffs: Sequence[int] = (),
+                 adaptive_factor: float = 4.0, softmax_dropout: float = 0.0, name: str | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.padding_idx = padding_idx
+        settings = _stack_settings(dict(decoder))
+        settings.pop("cross_attention_heads", None)
+        settings.pop("attention_dropout", None)  # cross-attention only
+        mixer: Callable = settings.pop("mixer")
+        embed = AdaptiveInput(vocab_size, padding_idx, embed_dim, input_cutoffs, adaptive_factor)
+        self.decoder = Stack(embed, max_positions, positions=positions, dropout=dropout,
+                             scale_embedding=scale_embedding, mixer=mixer, causal=True, **settings)
+        self.output = AdaptiveSoftmax(embed_dim, vocab_size, softmax_cutoffs, adaptive_factor, softmax_dropout,
+                                      bands=embed.bands if tie_weights else None)
+        self.max_positions = max_positions
+
+    def forward(self, tokens: Tensor, state: DecoderState | None = None) -> Tensor:
+        """Features (B, T, C); with ``state``, ``tokens`` holds only the new step(s)."""
+        return self.decoder(tokens, state)
+
+    def init_state(self) -> DecoderState:
+        return DecoderState(blocks=[layer.init_state() for layer in self.decoder.layers])
+
+    def log_probs(self, features: Tensor) -> Tensor:
+        return self.output.log_probs(features)
+
+    def nll(self, features: Tensor, target: Tensor) -> Tensor:
+        """-log p(target) per position, 0 at padding."""
+        return self.output.nll(features, target, self.padding_idx)

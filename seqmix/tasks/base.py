@@ -1,0 +1,176 @@
+"""What every task shares: optimizer/scheduler from partials, a finite-loss guard, throughput and gradient-norm
+logs, corpus-level evaluation aggregated across ranks, and the checkpoint's config + tokenizer.
+
+A task also owns how its model is built from the run config (``build_model``), which of the config's settings
+it takes (``options_from_config``), its corpus metric (``corpus_report``) and how it evaluates raw text for
+``generate.py`` (``evaluate_texts``), so the entry points need no per-task branches.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from seqmix.errors import SeqmixError
+
+
+@dataclass
+class Report:
+    """A task's verdict on one split: the main score (returned for sweeps), a headline and detail lines."""
+
+    score: float
+    headline: str
+    details: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # logged as <prefix>/<name> during training
+
+
+def all_gather_objects(obj) -> list:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+class SeqmixTask(L.LightningModule):
+    """Subclasses implement ``compute_loss`` and may add per-example evaluation outputs (``eval_outputs``)
+    that ``corpus_report`` turns into a metric."""
+
+    def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
+                 run_config: dict | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.run_config = run_config or {}
+        self._eval_outputs: list = []
+        self._last_step_time: float | None = None
+        self.reports: dict[str, Report] = {}
+        self.test_split = "test"
+        self.reference_source = None  # what corpus_report reads references from (default: the trainer's data)
+
+    # --- construction from the run config ---------------------------------------------------------
+    @classmethod
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+        raise NotImplementedError
+
+    @classmethod
+    def options_from_config(cls, cfg: DictConfig) -> dict:
+        """Constructor arguments this task reads from the run config (beyond model/tokenizer/optimizer)."""
+        return {}
+
+    # --- training ------------------------------------------------------------------------------
+    def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
+        """Summed (training loss, NLL) over the batch's scored tokens, and their count."""
+        raise NotImplementedError
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss, nll, ntokens = self.compute_loss(batch)
+        if not torch.isfinite(loss):
+            raise SeqmixError(
+                f"training loss became {loss.item()} at step {self.global_step}. Checkpoints written so far are "
+                "kept in the run's checkpoints/ folder; resume from the last one with a lower optim.lr, a longer "
+                "warmup, gradient clipping (trainer.gradient_clip_val) or trainer.precision=bf16-mixed/32-true."
+            )
+        denom = max(ntokens, 1)
+        now = time.perf_counter()
+        if self._last_step_time is not None:
+            self.log("train/tokens_per_s", ntokens / max(now - self._last_step_time, 1e-9), on_step=True)
+        self._last_step_time = now
+        bsz = batch["id"].numel()
+        self.log("train/loss", loss.detach() / denom, on_step=True, on_epoch=True, prog_bar=True, batch_size=bsz)
+        self.log("train/nll", nll.detach() / denom, on_step=True, on_epoch=False, batch_size=bsz)
+        self.log("train/ppl", torch.exp(nll.detach() / denom), on_step=True, on_epoch=False, batch_size=bsz)
+        return loss / denom
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(params=self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        kwargs = {}
+        params = inspect.signature(self.scheduler_factory).parameters
+        if "total_updates" in params and params["total_updates"].default is inspect.Parameter.empty:
+            kwargs["total_updates"] = int(self.trainer.estimated_stepping_batches)
+        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        if isinstance(scheduler, dict):  # metric-driven (reduce_on_plateau): step once per validation epoch
+            config = {"frequency": self.trainer.check_val_every_n_epoch or 1, **scheduler}
+        else:
+            config = {"scheduler": scheduler, "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": config}
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def eval_outputs(self, batch: dict) -> list:
+        """Per-example outputs kept for ``corpus_report`` (e.g. decoded hypotheses), in batch order."""
+        return []
+
+    def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report | None:
+        """The split's metric from every example's ``eval_outputs`` (``by_id``) and the summed NLL."""
+        return None
+
+    def _eval_step(self, batch: dict) -> None:
+        loss, nll, ntokens = self.compute_loss(batch)
+        self._eval_outputs.append((float(loss), float(nll), ntokens, batch["id"].tolist(), self.eval_outputs(batch)))
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._eval_step(batch)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_outputs = []
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _eval_epoch_end(self, split: str, prefix: str) -> None:
+        gathered = all_gather_objects(self._eval_outputs)
+        self._eval_outputs = []
+        # under DDP, ranks with fewer batches repeat earlier ones: count every batch once (by its ids)
+        unique = {tuple(o[3]): o for part in gathered for o in part}
+        outputs = list(unique.values())
+        loss = sum(o[0] for o in outputs)
+        nll = sum(o[1] for o in outputs)
+        ntok = max(sum(o[2] for o in outputs), 1)
+        self.log(f"{prefix}/loss", loss / ntok, sync_dist=False, rank_zero_only=False)
+        self.log(f"{prefix}/nll", nll / ntok, sync_dist=False)
+        self.log(f"{prefix}/ppl", math.exp(min(nll / ntok, 50.0)), sync_dist=False)
+        if self.trainer.sanity_checking:
+            return
+        by_id = {i: out for o in outputs for i, out in zip(o[3], o[4])}
+        report = self.corpus_report(split, prefix, by_id, nll, ntok)
+        if report is not None:
+            self.reports[split] = report
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("valid", "val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end(self.test_split, "test")
+
+    def references_from(self):
+        return self.reference_source or self.trainer.datamodule
+
+    def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int,
+                       **settings) -> tuple[list[str] | None, Report | None]:
+        """``generate.py``: (one output line per source, or None) and a report when it can be scored."""
+        raise NotImplementedError
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}

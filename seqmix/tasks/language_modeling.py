@@ -1,0 +1,109 @@
+"""LanguageModelingTask: a decoder-only model trained on NLL; perplexity over whole splits.
+
+Perplexity is exp(total NLL / number of predicted tokens) over every token of the split, ``</s>`` included,
+in the vocabulary's units (words for a word-level vocabulary, subwords for BPE). How much history each token
+sees is set by ``tokens_per_sample`` and ``eval_context`` (see ``seqmix.data.lm_blocks``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from seqmix.data.batching import TokenBudgetBatchSampler
+from seqmix.data.lm_blocks import collate_blocks, make_blocks
+from seqmix.errors import SeqmixError
+from seqmix.metrics import perplexity
+from seqmix.mixers.conv_block import ProjectedConvMixer
+from seqmix.tasks.base import Report, SeqmixTask
+
+log = logging.getLogger("seqmix")
+
+_ADAPTIVE_DEFAULTS = {"input": False, "softmax": False, "cutoffs": [], "factor": 4.0, "softmax_dropout": 0.0}
+
+
+def decoder_only_spec(cfg: DictConfig, vocab_size: int, padding_idx: int) -> dict:
+    """A ``DecoderOnly`` config from a model preset's shared settings and its decoder stack (cross-attention
+    settings dropped), plus ``task.adaptive``. Conv mixers get pre-norm: their LMs diverge without it."""
+    model = cfg.model
+    if "decoder" not in model or "mixer" not in model.decoder:
+        raise SeqmixError(f"model={model.get('name')} has no decoder.mixer; language modeling needs a preset built on "
+                          "the encoder-decoder backbone (transformer, lightconv, dynamicconv, talk, ...)")
+    decoder = OmegaConf.to_container(model.decoder, resolve=True)
+    if issubclass(get_class(decoder["mixer"]["_target_"]), ProjectedConvMixer) and not decoder.get("normalize_before"):
+        log.info("language model with %s: pre-norm forced (normalize_before=true)", decoder["mixer"]["_target_"])
+        decoder["normalize_before"] = True
+    given = cfg.task.get("adaptive")
+    adaptive = {**_ADAPTIVE_DEFAULTS, **({} if given is None else OmegaConf.to_container(given, resolve=True))}
+    unknown = set(adaptive) - set(_ADAPTIVE_DEFAULTS)
+    if unknown:
+        raise SeqmixError(f"unknown task.adaptive keys {sorted(unknown)}; allowed: {sorted(_ADAPTIVE_DEFAULTS)}")
+    return {
+        "_target_": "seqmix.models.DecoderOnly", "_convert_": "all",
+        "vocab_size": vocab_size, "padding_idx": padding_idx, "embed_dim": model.embed_dim, "decoder": decoder,
+        "dropout": model.dropout, "positions": model.positions, "max_positions": model.max_target_positions,
+        "scale_embedding": model.scale_embedding, "tie_weights": model.share_decoder_input_output_embed,
+        "input_cutoffs": adaptive["cutoffs"] if adaptive["input"] else [],
+        "softmax_cutoffs": adaptive["cutoffs"] if adaptive["softmax"] else [],
+        "adaptive_factor": adaptive["factor"], "softmax_dropout": adaptive["softmax_dropout"], "name": model.name,
+    }
+
+
+class LanguageModelingTask(SeqmixTask):
+    def __init__(self, model: nn.Module, tokenizer, optimizer, scheduler=None, run_config: dict | None = None,
+                 tokens_per_sample: int = 512, break_mode: str = "none", eval_context: int = 0) -> None:
+        super().__init__(model, tokenizer, optimizer, scheduler, run_config)
+        self.tokens_per_sample, self.break_mode, self.eval_context = tokens_per_sample, break_mode, eval_context
+
+    @classmethod
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+        return instantiate(decoder_only_spec(cfg, vocab_size, padding_idx))
+
+    @classmethod
+    def options_from_config(cls, cfg: DictConfig) -> dict:
+        data = cfg.task.data
+        return {"tokens_per_sample": int(data.tokens_per_sample), "break_mode": str(data.break_mode),
+                "eval_context": int(data.eval_context)}
+
+    def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
+        """Plain NLL (no label smoothing: it would need the full softmax the adaptive one avoids)."""
+        nll = self.model.nll(self.model(batch["tokens"]), batch["target"]).sum()
+        return nll, nll, int(batch["ntokens"])
+
+    def _report(self, nll: float, ntokens: int) -> Report:
+        ppl = perplexity(nll, ntokens)
+        units = "words" if getattr(self.tokenizer, "kind", "bpe") == "word" else "subword tokens"
+        context = f"{self.tokens_per_sample}-token samples, break_mode={self.break_mode}"
+        if self.eval_context:
+            context += f", +{self.eval_context} tokens of unscored context"
+        return Report(ppl, f"perplexity: {ppl:.2f}",
+                      [f"over {ntokens:,} {units} incl. </s> (mean NLL {nll / max(ntokens, 1):.4f} nats; {context})"])
+
+    def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report:
+        return self._report(nll, ntokens)
+
+    @torch.inference_mode()
+    def evaluate_texts(self, sources: list[str], references=None, max_tokens: int = 8000,
+                       eval_context: int | None = None, **_) -> tuple[None, Report]:
+        """Perplexity of ``sources`` (lines, each followed by ``</s>``) with the training block settings."""
+        if eval_context is not None:
+            self.eval_context = int(eval_context)
+        longest = self.tokens_per_sample + self.eval_context
+        if longest > self.model.max_positions:
+            raise SeqmixError(f"tokens_per_sample + eval_context = {longest} exceeds the model's "
+                              f"{self.model.max_positions} positions; lower eval_context")
+        tok = self.tokenizer
+        ds = make_blocks(tok.encode_batch(sources), tok.eos, tok.pad, self.tokens_per_sample, self.break_mode,
+                         self.eval_context)
+        sampler = TokenBudgetBatchSampler(ds.sizes, ds.sizes, max(max_tokens, longest), shuffle=False)
+        device = next(self.model.parameters()).device
+        nll, ntokens = 0.0, 0
+        for idx in sampler:
+            batch = collate_blocks([ds[i] for i in idx], tok.pad)
+            nll += float(self.model.nll(self.model(batch["tokens"].to(device)), batch["target"].to(device)).sum())
+            ntokens += batch["ntokens"]
+        return None, self._report(nll, ntokens)

@@ -1,0 +1,52 @@
+"""SummarizationTask: the translation task scored with ROUGE instead of BLEU, next to a lead-N baseline.
+
+Training, decoding and checkpoints are the translation task's. What differs is in the config: the data module
+truncates documents (``task.data.truncate_source``), and ``task.generation`` bounds the summary length
+(``min_len_b``/``max_len_b``), blocks repeated trigrams (``no_repeat_ngram_size: 3``) and applies the length
+penalty stepwise (``stepwise_len_penalty``). ROUGE-1/2/L F1 use every reference an example has.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from seqmix.metrics import RougeResult, corpus_rouge, lead
+from seqmix.tasks.base import Report
+from seqmix.tasks.translation import TranslationTask
+
+
+class SummarizationTask(TranslationTask):
+    def __init__(self, *args, rouge: dict | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        options = {"stemming": True, "lead": 3, **dict(rouge or {})}
+        self.stemming, self.lead_sentences = bool(options["stemming"]), int(options["lead"])
+        self._lead_cache: dict[int, RougeResult] = {}
+
+    @classmethod
+    def options_from_config(cls, cfg: DictConfig) -> dict:
+        options = super().options_from_config(cfg)
+        options.pop("bleu")
+        rouge = cfg.task.get("rouge")
+        return {**options, "rouge": {} if rouge is None else OmegaConf.to_container(rouge, resolve=True)}
+
+    def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
+        result = corpus_rouge(hypotheses, references, self.stemming)
+        baseline = self.lead_baseline(sources, references)
+        return Report(result.rougeL, f"ROUGE-1/2/L: {result.scores()}",
+                      [f"rouge: {result}", f"lead-{self.lead_sentences} baseline: {baseline}"],
+                      metrics={"rouge1": result.rouge1, "rouge2": result.rouge2, "rougeL": result.rougeL})
+
+    def lead_baseline(self, sources: list[str], references: list[list[str]]) -> RougeResult:
+        """The first sentences of each whole (untruncated) source, normalized and scored exactly like the model;
+        cached, since validation scores the same split many times."""
+        key = hash((tuple(sources), tuple(map(tuple, references))))
+        if key not in self._lead_cache:
+            leads = [lead(self.tokenizer.normalize_reference(s), self.lead_sentences) for s in sources]
+            self._lead_cache[key] = corpus_rouge(leads, references, self.stemming)
+        return self._lead_cache[key]
+
+    def prepare_source_ids(self, ids: list[list[int]]) -> list[list[int]]:
+        """Documents are truncated as in training (``task.data.truncate_source``), never rejected."""
+        data = (self.run_config.get("task") or {}).get("data") or {}
+        limit = data.get("truncate_source") or int(getattr(self.model, "max_source_positions", 1024)) - 1
+        return [i[:limit] for i in ids]
