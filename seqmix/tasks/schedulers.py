@@ -1,11 +1,12 @@
-"""Learning-rate schedules as LambdaLR multipliers of the optimizer's peak lr (stepped per update)."""
+"""Learning-rate schedules as LambdaLR multipliers of the optimizer's peak lr (stepped per update), and a
+metric-driven one (``reduce_on_plateau``, stepped after each validation)."""
 
 from __future__ import annotations
 
 import math
 
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
 
 def inverse_sqrt(optimizer: Optimizer, warmup_updates: int = 4000, warmup_init_lr: float = 1e-7) -> LambdaLR:
@@ -41,3 +42,15 @@ def constant(optimizer: Optimizer, warmup_updates: int = 0, warmup_init_lr: floa
     peak = optimizer.param_groups[0]["lr"]
     init = min(warmup_init_lr, peak) / peak
     return LambdaLR(optimizer, lambda s: init + (1 - init) * s / warmup_updates if s < warmup_updates else 1.0)
+
+
+def reduce_on_plateau(optimizer: Optimizer, monitor: str = "val/nll", factor: float = 0.1, patience: int = 0,
+                      threshold: float = 0.0, min_lr: float = 0.0) -> dict:
+    """Multiply lr by ``factor`` after every validation whose ``monitor`` (lower is better) did not beat the
+    best so far by more than ``threshold`` (Gehring et al. 2017 §4.2: ×0.1 once validation perplexity stops
+    improving; fairseq's ``reduce_lr_on_plateau``). A validation metric only exists after a validation, so
+    this returns a Lightning scheduler config (stepped per epoch, with the monitored key), not a scheduler.
+    """
+    scheduler = ReduceLROnPlateau(optimizer, mode="min", factor=factor, patience=patience, threshold=threshold,
+                                  threshold_mode="abs", min_lr=min_lr)
+    return {"scheduler": scheduler, "monitor": monitor, "interval": "epoch"}
