@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from seqmix.mixers.base import zero_padding
-from seqmix.mixers.conv_block import WindowState, encoder_padding
+from seqmix.mixers.conv_block import WindowState
+from seqmix.mixers.convs2s import GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
 from seqmix.models.encoder_decoder import DecoderState, EncoderOut
 
@@ -71,14 +72,6 @@ def linear(n_in: int, n_out: int, dropout: float = 0.0) -> nn.Linear:
     return weight_norm(layer, dim=0)
 
 
-def glu_conv1d(n_in: int, n_out: int, kernel: int, dropout: float) -> nn.Conv1d:
-    """Conv1d(n_in, n_out, k) feeding a GLU: N(0, √(4(1−p)/(k·n_in))), the GLU quarters the variance (A.1)."""
-    conv = nn.Conv1d(n_in, n_out, kernel)
-    nn.init.normal_(conv.weight, mean=0.0, std=math.sqrt(4.0 * (1.0 - dropout) / (kernel * n_in)))
-    nn.init.zeros_(conv.bias)
-    return weight_norm(conv, dim=0)
-
-
 def normal_embedding_(embedding: nn.Embedding, std: float = EMBED_STD) -> nn.Embedding:
     """Re-initialize to N(0, std) with the pad row at zero."""
     nn.init.normal_(embedding.weight, mean=0.0, std=std)
@@ -104,41 +97,6 @@ def scale_gradient(x: Tensor, scale: float) -> Tensor:
 
 
 # --- building blocks -------------------------------------------------------------------------------------
-class GLUConv(nn.Module):
-    """conv1d(n_in, 2·n_out, k) → GLU on (B, T, C) sequences.
-
-    Encoder: 'same' padding (k//2 each side for odd k; one more tap on the right for even k). Decoder: k−1
-    zeros on the left, so step t sees inputs t−k+1..t. A decoder step keeps the last k−1 inputs in a
-    :class:`WindowState` and applies the kernel as one matmul over [window, new input] (a linearized
-    convolution); several new steps at once are supported too.
-    """
-
-    def __init__(self, n_in: int, n_out: int, kernel: int, causal: bool, dropout: float) -> None:
-        super().__init__()
-        self.kernel, self.causal = kernel, causal
-        self.pad_left = kernel - 1 if causal else encoder_padding(kernel)
-        self.pad_right = 0 if causal else kernel - 1 - self.pad_left
-        self.conv = glu_conv1d(n_in, 2 * n_out, kernel, dropout)
-
-    def forward(self, x: Tensor, state: WindowState | None = None) -> Tensor:
-        if state is not None:
-            return self.step(x, state)
-        h = F.pad(x.transpose(1, 2), (self.pad_left, self.pad_right))
-        return F.glu(self.conv(h), dim=1).transpose(1, 2)
-
-    def step(self, x: Tensor, state: WindowState) -> Tensor:
-        if not self.causal:
-            raise ValueError("incremental state is only valid for the (causal) decoder convolutions")
-        history = self.kernel - 1
-        if state.window is None:
-            state.window = x.new_zeros(x.size(0), history, x.size(2))
-        window = torch.cat([state.window, x], dim=1)  # (B, k−1+n, C)
-        taps = window.unfold(1, self.kernel, 1).flatten(2)  # (B, n, C·k), index c·k + j as in the weight
-        y = F.linear(taps, self.conv.weight.flatten(1), self.conv.bias)
-        state.window = window[:, window.size(1) - history:]
-        return F.glu(y, dim=-1)
-
-
 @dataclass
 class AttentionMemory:
     """What every decoder attention reads from the source: keys z, values (z+e)·√0.5, pads, and the
@@ -158,7 +116,7 @@ class AttentionMemory:
 
 class MultiStepAttention(nn.Module):
     """One decoder layer's attention (§3.3): d = (W·h + b + g)·√0.5, a = softmax(d·zᵀ) over non-pad source
-    tokens, c = m·√(1/m)·Σ a·(z+e), output (W·c + b + h)·√0.5. Scores and softmax run in fp32 at least."""
+    tokens, c = m·√(1/m)·Σ a·(z+e)·√0.5, output (W·c + b + h)·√0.5. Scores and softmax run in fp32 at least."""
 
     def __init__(self, conv_dim: int, embed_dim: int) -> None:
         super().__init__()
@@ -177,16 +135,15 @@ class MultiStepAttention(nn.Module):
 
 
 class GLUBlock(nn.Module):
-    """[project residual] → zero pads (encoder) → dropout → GLU conv → [attention] → (x + residual)·√0.5."""
+    """[project residual] → GLU conv mixer (zero pads, dropout, conv, GLU) → [attention] → (x + residual)·√0.5."""
 
     def __init__(self, n_in: int, spec: LayerSpec, residual_dim: int | None, causal: bool, dropout: float,
                  attention_embed_dim: int | None = None) -> None:
         super().__init__()
         self.lookback = spec.lookback
-        self.dropout = dropout
         self.projection = (linear(residual_dim, spec.width)
                            if residual_dim is not None and residual_dim != spec.width else None)
-        self.conv = GLUConv(n_in, spec.width, spec.kernel, causal, dropout)
+        self.conv = GLUConv(n_in, spec.kernel, causal, out_dim=spec.width, input_dropout=dropout)
         self.attention = MultiStepAttention(spec.width, attention_embed_dim) if attention_embed_dim else None
 
     def forward(self, outputs: list[Tensor], key_padding_mask: Tensor | None = None,
@@ -196,9 +153,7 @@ class GLUBlock(nn.Module):
         residual = outputs[-self.lookback] if self.lookback else None
         if residual is not None and self.projection is not None:
             residual = self.projection(residual)
-        x = zero_padding(outputs[-1], key_padding_mask)
-        x = F.dropout(x, p=self.dropout, training=self.training)
-        x = self.conv(x, state)
+        x = self.conv(outputs[-1], key_padding_mask=key_padding_mask, state=state)
         if self.attention is not None:
             x = self.attention(x, target_embedding, memory)
         return x if residual is None else (x + residual) * SQRT_HALF
@@ -318,9 +273,6 @@ class ConvS2S(nn.Module):
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         return self.decode(prev_output_tokens, self.encode(src_tokens))
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
 
 def _settings(settings: dict, where: str, known: set[str]) -> dict:

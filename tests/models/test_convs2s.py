@@ -11,11 +11,12 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn.utils import parametrize
 
+from seqmix.cli.common import count_parameters
+from seqmix.mixers.convs2s import GLUConv, glu_conv1d
 from seqmix.models.convs2s import (
     AttentionMemory,
     ConvS2S,
     MultiStepAttention,
-    glu_conv1d,
     linear,
     parse_layers,
     scale_gradient,
@@ -92,6 +93,49 @@ def test_decoder_is_causal():
     changed = prev.clone()
     changed[:, 4:] = torch.randint(4, V, changed[:, 4:].shape)
     torch.testing.assert_close(m(src, prev)[:, :4], m(src, changed)[:, :4], atol=1e-12, rtol=0)
+
+
+# --- the GLU convolution mixer ------------------------------------------------------------------------------
+def glu_conv_reference(mixer: GLUConv, x: torch.Tensor) -> torch.Tensor:
+    """§3.2 with loops: Y_t = W·[x_{t−p}, …, x_{t−p+k−1}] + b (zeros outside the sequence), v([A B]) = A ⊗ σ(B);
+    p = k−1 for the decoder, k//2 (odd k) or (k−1)//2 (even k, fairseq) for the encoder."""
+    w, b = mixer.conv.weight.detach(), mixer.conv.bias.detach()
+    k, out = mixer.kernel_size, mixer.out_dim
+    p = k - 1 if mixer.causal else (k - 1) // 2
+    y = torch.zeros(x.size(0), x.size(1), out, dtype=x.dtype)
+    for t in range(x.size(1)):
+        acc = b.expand(x.size(0), -1).clone()
+        for j in range(k):
+            src = t - p + j
+            if 0 <= src < x.size(1):
+                acc = acc + x[:, src] @ w[:, :, j].T
+        y[:, t] = acc[:, :out] * torch.sigmoid(acc[:, out:])
+    return y
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 4])
+def test_glu_conv_matches_loop_reference(causal, kernel):
+    torch.manual_seed(kernel)
+    mixer = GLUConv(5, kernel, causal=causal, out_dim=7).double()
+    x = torch.randn(2, 6, 5, dtype=torch.float64)
+    torch.testing.assert_close(mixer(x), glu_conv_reference(mixer, x), atol=1e-12, rtol=0)
+    if causal:
+        state = mixer.init_state()
+        steps = torch.cat([mixer(x[:, t: t + 1], state=state) for t in range(6)], dim=1)
+        torch.testing.assert_close(steps, glu_conv_reference(mixer, x), atol=1e-12, rtol=0)
+
+
+def test_glu_conv_zeroes_pads_and_refuses_state_in_the_encoder():
+    torch.manual_seed(0)
+    mixer = GLUConv(4, 3, out_dim=4).double()
+    x = torch.randn(1, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([[False, False, False, True, True]])
+    garbage = x.clone()
+    garbage[:, 3:] = 100.0
+    torch.testing.assert_close(mixer(garbage, key_padding_mask=mask)[:, :3], mixer(x[:, :3]), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="causal"):
+        mixer(x, state=GLUConv(4, 3, causal=True).init_state())
 
 
 # --- padding ----------------------------------------------------------------------------------------------
@@ -272,7 +316,7 @@ def test_tied_output_uses_the_decoder_embedding():
         defaults = dict(share_all_embeddings=False, share_decoder_input_output_embed=False,
                         max_source_positions=1024, max_target_positions=1024)
         expected = expected_parameters(OmegaConf.create({**defaults, **settings}), V)
-        assert ConvS2S(V, V, PAD, **settings).num_parameters() == expected
+        assert count_parameters(ConvS2S(V, V, PAD, **settings)) == expected
 
 
 # --- configuration errors ---------------------------------------------------------------------------------
@@ -342,10 +386,11 @@ def expected_parameters(cfg, vocab: int) -> int:
     ("multi30k_convs2s_cpu", 8000, 4),
 ])
 def test_presets_compose_and_instantiate_with_their_parameter_counts(experiment, vocab, layers):
-    from seqmix.cli.common import build_model, count_parameters
+    from seqmix.cli.common import build_model
 
     cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}", f"task.vocab_size={vocab}"]))
-    model = build_model(cfg.model, vocab, vocab, padding_idx=PAD)
+    with torch.device("meta"):  # shapes only: the WMT models have 10^8 parameters
+        model = build_model(cfg.model, vocab, vocab, padding_idx=PAD)
     n = count_parameters(model)
     print(f"{experiment} (vocab {vocab}): {n:,} parameters")
     assert isinstance(model, ConvS2S) and len(model.decoder.blocks) == layers
