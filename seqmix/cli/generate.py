@@ -14,11 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 from seqmix.checkpoint import average_checkpoints, latest_epoch_checkpoints, load_checkpoint
 from seqmix.cli.common import build_task, count_parameters
 from seqmix.data import Tokenizer
+from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with)
 OVERRIDE_KEYS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
-                 "no_repeat_ngram_size", "eval_context")
+                 "no_repeat_ngram_size", "eval_context", "algorithm", "length_beam", "max_iterations")
 
 
 def load_task(ckpt_path: str, average_last: int = 0):
@@ -74,8 +75,17 @@ def read_inputs(cfg: DictConfig, train_cfg: DictConfig) -> tuple[list[str], list
     return corpus.inputs(), corpus.reference_sets()
 
 
+def distill(cfg: DictConfig, train_cfg: DictConfig, sources: list[str], outputs: list[str]) -> None:
+    """Write the split's sources and their translations as a local dataset (``DistilledTrainSource`` reads it)."""
+    data = train_cfg.task.data
+    files = write_distilled(cfg.distill_dir, data.splits[cfg.split], data.src_lang, data.tgt_lang, sources, outputs)
+    print(f"distilled data: {', '.join(str(f) for f in files)}")
+
+
 def generate(cfg: DictConfig) -> float | None:
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
+    if cfg.get("distill_dir") and cfg.input:
+        raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if cfg.device == "auto" else cfg.device))
     task.to(device)
@@ -91,6 +101,8 @@ def generate(cfg: DictConfig) -> float | None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text("".join(h + "\n" for h in outputs), encoding="utf-8")
         print(f"hypotheses: {out_path}")
+        if cfg.get("distill_dir"):
+            distill(cfg, train_cfg, sources, outputs)
     if report is None:
         return None
     print(report.headline)

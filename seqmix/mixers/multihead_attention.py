@@ -45,10 +45,12 @@ class MultiheadAttention(nn.Module):
         return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None = None,
-               causal_offset: int | None = None) -> Tensor:
+               causal_offset: int | None = None, attn_mask: Tensor | None = None) -> Tensor:
         """q: (B, H, T, d) projected queries; k, v: (B, H, S, d). Returns (B, T, C) after out_proj.
 
         ``causal_offset``: query i sits at key position ``causal_offset + i`` and sees keys up to it.
+        ``attn_mask``: bool (B, T, S), True where query t may see key s (per-query contexts, e.g. DisCo); every
+        row needs at least one visible key.
         """
         t, s = q.size(2), k.size(2)
         mask = None
@@ -62,6 +64,9 @@ class MultiheadAttention(nn.Module):
         if key_padding_mask is not None:
             keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
             mask = keep if mask is None else (mask & keep)
+        if attn_mask is not None:
+            per_query = attn_mask.unsqueeze(1)  # (B, 1, T, S): the same context for every head
+            mask = per_query if mask is None else (mask & per_query)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )

@@ -86,9 +86,11 @@ class Block(nn.Module):
         return BlockState(mixer=self.mixer.init_state())
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, encoder_out: Tensor | None = None,
-                encoder_padding_mask: Tensor | None = None, state: BlockState | None = None) -> Tensor:
+                encoder_padding_mask: Tensor | None = None, state: BlockState | None = None, **mixer_inputs) -> Tensor:
+        """``mixer_inputs``: extra keyword inputs for mixers that need more than ``x`` (DisCo's keys and contexts)."""
         x = self.mixer_residual(
-            x, lambda h: self.mixer(h, key_padding_mask=key_padding_mask, state=None if state is None else state.mixer)
+            x, lambda h: self.mixer(h, key_padding_mask=key_padding_mask, state=None if state is None else state.mixer,
+                                    **mixer_inputs)
         )
         if self.cross_attn is not None:
             x = self.cross_residual(x, lambda h: self._cross_attend(h, encoder_out, encoder_padding_mask, state))

@@ -1,0 +1,166 @@
+"""Iterative parallel decoding of non-autoregressive models: length beam, mask-predict and parallel easy-first.
+
+Every source gets ``length_beam`` candidates, one per predicted length (top-l lengths, at least 2 = one token +
+eos); all candidates of the batch are refined together. A candidate row holds N real positions then eos; only
+real positions are predicted. The final candidate of a source is the one with the highest mean log-probability
+over its real tokens.
+
+- mask-predict (Ghazvininejad et al. 2019): pass 1 predicts everything from nothing (eos only); refinement pass
+  t = 1 .. T-1 re-masks the max(1, floor(N (T - t) / T)) least probable tokens and re-predicts them from the
+  others (the rest keep their tokens and probabilities). Always T passes.
+- parallel easy-first (Kasai et al. 2020, Alg. 1): pass 1 as above; its confidences fix an order; pass t >= 2
+  re-predicts every position n from the previous tokens at the positions ranked more confident than n. A source
+  stops at pass t when its best candidate (by mean log-prob at pass t) did not change from pass t-1; its
+  iteration count is that t (T when it never converges). Finished sources leave the batch.
+
+The model interface is ``NATModel``: ``encode``, ``predict(tokens, encoder_out, observed)``, ``banned_tokens``,
+``eos`` / ``padding_idx`` / ``unk``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+ALGORITHMS = ("easy_first", "mask_predict")
+
+
+@dataclass
+class NATResult:
+    tokens: list[Tensor]  # best candidate of each source, real tokens only (no eos)
+    iterations: Tensor  # (B,) decoder passes spent on each source
+    scores: Tensor  # (B,) mean log-probability of the chosen candidate
+    history: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (tokens, logp) of all rows after each pass
+
+
+def length_candidates(length_logits: Tensor, beam: int, min_length: int = 2) -> Tensor:
+    """(B, l) candidate lengths (eos included): the l most likely, clamped to at least ``min_length``."""
+    beam = min(beam, length_logits.size(-1) - 1)
+    return length_logits.topk(beam, dim=-1).indices.clamp(min=min_length)
+
+
+def candidate_rows(lengths: Tensor, placeholder: int, eos: int, pad: int) -> Tensor:
+    """(B * l, max length) rows: ``placeholder`` at the N = length - 1 real positions, then eos, then pads."""
+    flat = lengths.reshape(-1)
+    pos = torch.arange(int(flat.max()), device=flat.device).unsqueeze(0)
+    rows = torch.full((flat.numel(), pos.size(1)), pad, dtype=torch.long, device=flat.device)
+    rows = rows.masked_fill(pos < (flat - 1).unsqueeze(1), placeholder)
+    return rows.masked_fill(pos == (flat - 1).unsqueeze(1), eos)
+
+
+def mean_logprob(logp: Tensor, real: Tensor) -> Tensor:
+    return (logp * real).sum(dim=-1) / real.sum(dim=-1).clamp(min=1)
+
+
+def _predict(model, tokens: Tensor, encoder_out, observed: Tensor, banned: list[int]) -> tuple[Tensor, Tensor]:
+    """Most probable allowed token at every position and its log-probability (fp32)."""
+    lprobs = F.log_softmax(model.predict(tokens, encoder_out, observed).float(), dim=-1)
+    lprobs[..., banned] = float("-inf")
+    logp, tok = lprobs.max(dim=-1)
+    return tok, logp
+
+
+class IterativeDecoder:
+    """``generate(model, src_tokens)`` -> :class:`NATResult`; ``algorithm`` is easy_first or mask_predict."""
+
+    def __init__(self, algorithm: str = "easy_first", length_beam: int = 5, max_iterations: int = 10,
+                 min_length: int = 2) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown NAT decoding algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
+        if length_beam < 1 or max_iterations < 1:
+            raise ValueError(f"length_beam ({length_beam}) and max_iterations ({max_iterations}) must be >= 1")
+        self.algorithm, self.length_beam, self.max_iterations = algorithm, length_beam, max_iterations
+        self.min_length = min_length
+
+    @torch.no_grad()
+    def generate(self, model, src_tokens: Tensor, trace: bool = False) -> NATResult:
+        if self.algorithm == "easy_first" and not getattr(model, "per_query_contexts", False):
+            raise ValueError(f"parallel easy-first needs per-query contexts (model=disco); {type(model).__name__} "
+                             "decodes with mask_predict")
+        encoder_out, length_logits = model.encode(src_tokens)
+        lengths = length_candidates(length_logits, self.length_beam, self.min_length)
+        lengths = lengths.clamp(max=model.max_target_positions)
+        run = easy_first if self.algorithm == "easy_first" else mask_predict
+        return run(model, encoder_out, lengths, self.max_iterations, trace)
+
+
+def _setup(model, encoder_out, lengths: Tensor):
+    b, k = lengths.shape
+    tokens = candidate_rows(lengths, model.unk, model.eos, model.padding_idx)
+    real = tokens.ne(model.padding_idx) & tokens.ne(model.eos)
+    rows_encoder = encoder_out.index_select(torch.arange(b, device=lengths.device).repeat_interleave(k))
+    return b, k, tokens, real, rows_encoder
+
+
+def _finish(tokens: Tensor, logp: Tensor, real: Tensor, best: Tensor, iterations: Tensor, k: int,
+            history: list) -> NATResult:
+    rows = torch.arange(best.numel(), device=best.device) * k + best
+    chosen = [tokens[r][real[r]] for r in rows.tolist()]
+    return NATResult(chosen, iterations, mean_logprob(logp, real)[rows], history)
+
+
+def mask_predict(model, encoder_out, lengths: Tensor, max_iterations: int, trace: bool = False) -> NATResult:
+    """Mask-predict over the length beam ``lengths`` (B, l); see the module docstring."""
+    b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
+    banned = model.banned_tokens()
+    tok, lp = _predict(model, tokens, enc, torch.zeros_like(real), banned)
+    tokens = torch.where(real, tok, tokens)
+    logp = lp.masked_fill(~real, 0.0)
+    history = [(tokens.clone(), logp.clone())] if trace else []
+    n = real.sum(dim=1, keepdim=True)
+    for t in range(1, max_iterations):
+        n_mask = ((n * (max_iterations - t)) // max_iterations).clamp(min=1)
+        ascending = logp.masked_fill(~real, float("inf")).argsort(dim=-1, stable=True).argsort(dim=-1)
+        masked = (ascending < n_mask) & real
+        tok, lp = _predict(model, tokens, enc, real & ~masked, banned)
+        tokens = torch.where(masked, tok, tokens)
+        logp = torch.where(masked, lp, logp)
+        if trace:
+            history.append((tokens.clone(), logp.clone()))
+    best = mean_logprob(logp, real).view(b, k).argmax(dim=1)
+    iterations = torch.full((b,), max_iterations, dtype=torch.long, device=tokens.device)
+    return _finish(tokens, logp, real, best, iterations, k, history)
+
+
+def easy_first_contexts(logp: Tensor, real: Tensor) -> Tensor:
+    """(rows, N, N) observed sets from first-pass confidences: query n sees m iff m ranks more confident."""
+    order = logp.masked_fill(~real, float("-inf")).argsort(dim=-1, descending=True, stable=True)
+    rank = order.argsort(dim=-1)
+    return (rank.unsqueeze(1) < rank.unsqueeze(2)) & real.unsqueeze(1)
+
+
+def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: bool = False) -> NATResult:
+    """Parallel easy-first over the length beam ``lengths`` (B, l); see the module docstring."""
+    b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
+    banned = model.banned_tokens()
+    first_context = torch.zeros(real.shape + real.shape[-1:], dtype=torch.bool, device=real.device)
+    tok, lp = _predict(model, tokens, enc, first_context, banned)
+    tokens = torch.where(real, tok, tokens)
+    logp = lp.masked_fill(~real, 0.0)
+    history = [(tokens.clone(), logp.clone())] if trace else []
+    contexts = easy_first_contexts(logp, real)
+    best = mean_logprob(logp, real).view(b, k).argmax(dim=1)
+    iterations = torch.full((b,), max_iterations, dtype=torch.long, device=tokens.device)
+    done = torch.zeros(b, dtype=torch.bool, device=tokens.device)
+    for t in range(2, max_iterations + 1):
+        sources = (~done).nonzero().squeeze(1)
+        if sources.numel() == 0:
+            break
+        rows = (sources.unsqueeze(1) * k + torch.arange(k, device=sources.device)).reshape(-1)
+        before, r = tokens[rows], real[rows]
+        tok, lp = _predict(model, before, enc.index_select(rows), contexts[rows], banned)
+        after = torch.where(r, tok, before)
+        lp = lp.masked_fill(~r, 0.0)
+        tokens[rows], logp[rows] = after, lp
+        kstar = mean_logprob(lp, r).view(-1, k).argmax(dim=1)
+        pick = torch.arange(sources.numel(), device=sources.device) * k + kstar
+        converged = (after[pick] == before[pick]).all(dim=1)
+        best[sources] = kstar
+        iterations[sources[converged]] = t
+        done[sources[converged]] = True
+        if trace:
+            history.append((tokens.clone(), logp.clone()))
+    return _finish(tokens, logp, real, best, iterations, k, history)

@@ -1,0 +1,166 @@
+"""Non-autoregressive translation backbones: the DisCo transformer (Kasai et al. 2020) and the conditional masked
+LM (CMLM, Ghazvininejad et al. 2019), on the shared ``Stack``, ``Block`` and attention.
+
+Both share the encoder with a LENGTH token (its own embedding, no position) prepended to the source; its output
+predicts the target length (eos included) against a length embedding table. One embedding table serves source,
+target and output (joint vocabulary). Everything is initialised N(0, 0.02) with zero biases, as in the paper.
+
+A decoder pass is ``predict(tokens, encoder_out, observed)``: ``tokens`` (B, T) hold a candidate (real tokens,
+eos, pads); ``observed`` is either per query (B, T, T) or shared by every query (B, T). eos is always visible.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqmix.models.encoder_decoder import EncoderOut, Stack, _stack_settings
+from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
+
+
+def init_nat_params(module: nn.Module) -> None:
+    """N(0, 0.02) for every linear and embedding weight, zero biases and pad rows (BERT-style, paper §4)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+
+
+class NATModel(nn.Module):
+    """Encoder + length prediction + a parallel decoder (subclasses); see the module docstring."""
+
+    per_query_contexts = False  # True when queries may observe different tokens in one pass (DisCo)
+    extra_symbols = 0  # vocabulary rows beyond the tokenizer's (CMLM's mask symbol)
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int, embed_dim: int, encoder: dict,
+                 decoder: dict, dropout: float = 0.1, positions: str = "learned",
+                 max_source_positions: int = 256, max_target_positions: int = 256, scale_embedding: bool = False,
+                 eos_idx: int = 2, bos_idx: int = 0, unk_idx: int = 3, name: str | None = None) -> None:
+        super().__init__()
+        if src_vocab_size != tgt_vocab_size:
+            raise ValueError("non-autoregressive models share one embedding table: use a joint vocabulary")
+        self.name = name
+        self.padding_idx, self.eos, self.bos, self.unk = padding_idx, eos_idx, bos_idx, unk_idx
+        self.vocab_size = tgt_vocab_size + self.extra_symbols
+        self.embed_tokens = nn.Embedding(self.vocab_size, embed_dim, padding_idx=padding_idx)
+        enc_settings, dec_settings = _stack_settings(dict(encoder)), _stack_settings(dict(decoder))
+        enc_settings.pop("cross_attention_heads", None)
+        dec_settings.setdefault("cross_attention_heads", 8)
+        common = dict(positions=positions, dropout=dropout, scale_embedding=scale_embedding)
+        self.encoder = Stack(self.embed_tokens, max_source_positions, causal=False, **common, **enc_settings)
+        self.decoder = Stack(self.embed_tokens, max_target_positions, causal=False, **common, **dec_settings)
+        self.length_token = nn.Parameter(torch.empty(embed_dim))
+        self.length_embed = nn.Embedding(max_target_positions + 1, embed_dim)  # class = length incl. eos
+        self.max_source_positions = max_source_positions
+        self.max_target_positions = max_target_positions
+        init_nat_params(self)
+        nn.init.normal_(self.length_token, mean=0.0, std=0.02)
+
+    # --- encoder and length ----------------------------------------------------------------------------------
+    def encode(self, src_tokens: Tensor) -> tuple[EncoderOut, Tensor]:
+        """(encoder output over the source tokens, length logits (B, max_target_positions + 1))."""
+        enc = self.encoder
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x = enc.embed(src_tokens).masked_fill(padding_mask.unsqueeze(-1), 0.0)
+        length = enc.dropout(self.length_token.to(x.dtype)).expand(x.size(0), 1, -1)
+        x = torch.cat([length, x], dim=1)
+        mask = torch.cat([padding_mask.new_zeros(x.size(0), 1), padding_mask], dim=1)
+        for layer in enc.layers:
+            x = layer(x, key_padding_mask=mask if mask.any() else None)
+        x = enc.finish(x)
+        length_logits = F.linear(x[:, 0], self.length_embed.weight)
+        no_tokens = torch.zeros_like(length_logits[0], dtype=torch.bool)
+        no_tokens[0] = True  # a target always holds at least its eos
+        length_logits = length_logits.masked_fill(no_tokens, float("-inf"))
+        return EncoderOut(x[:, 1:], padding_mask), length_logits
+
+    def length_targets(self, target: Tensor) -> Tensor:
+        return target.ne(self.padding_idx).sum(dim=1).clamp(max=self.max_target_positions)
+
+    # --- decoder ---------------------------------------------------------------------------------------------
+    def banned_tokens(self) -> list[int]:
+        """Symbols a decoder must never output inside a translation."""
+        return [self.bos, self.padding_idx, self.eos, *range(self.vocab_size - self.extra_symbols, self.vocab_size)]
+
+    def training_context(self, target: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(observed, scored positions (B, T)) for one training batch."""
+        raise NotImplementedError
+
+    def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor) -> Tensor:
+        """Logits (B, T, V) of every position given its observed tokens."""
+        raise NotImplementedError
+
+    def forward(self, src_tokens: Tensor, tokens: Tensor, observed: Tensor) -> tuple[Tensor, Tensor]:
+        encoder_out, length_logits = self.encode(src_tokens)
+        return self.predict(tokens, encoder_out, observed), length_logits
+
+    def output_layer(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.embed_tokens.weight)
+
+    def _encoder_mask(self, encoder_out: EncoderOut) -> Tensor | None:
+        return encoder_out.padding_mask if encoder_out.padding_mask.any() else None
+
+
+class DisCoTransformer(NATModel):
+    """DisCo decoder: keys/values of every layer's self-attention are ``E_tok[y] + P[y]`` (one tensor, each layer
+    projecting it itself); the first layer's queries are ``P[y]`` alone, later ones the previous layer's output;
+    query n attends only to its observed set. Cross-attention and FFN are the shared block's."""
+
+    per_query_contexts = True
+
+    def training_context(self, target: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        return (disco_observed(target, self.padding_idx, self.eos, generator),
+                real_positions(target, self.padding_idx, self.eos))
+
+    def per_query_observed(self, tokens: Tensor, observed: Tensor) -> Tensor:
+        """(B, T, T) contexts: a shared (B, T) set is seen by every query except at its own position; eos always."""
+        if observed.dim() == 2:
+            eye = torch.eye(tokens.size(1), dtype=torch.bool, device=tokens.device)
+            observed = observed.unsqueeze(1) & ~eye
+        return observed | tokens.eq(self.eos).unsqueeze(1)
+
+    def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor) -> Tensor:
+        dec = self.decoder
+        padding_mask = tokens.eq(self.padding_idx)
+        positions = dec.embed_positions(tokens)
+        context = dec.dropout(dec.embed_scale * dec.embed_tokens(tokens) + positions)
+        x = dec.dropout(positions)
+        observed = self.per_query_observed(tokens, observed)
+        kpm = padding_mask if padding_mask.any() else None
+        enc_mask = self._encoder_mask(encoder_out)
+        for layer in dec.layers:
+            x = layer(x, key_padding_mask=kpm, encoder_out=encoder_out.out, encoder_padding_mask=enc_mask,
+                      context=context, observed=observed)
+        return self.output_layer(dec.finish(x))
+
+
+class CMLMTransformer(NATModel):
+    """CMLM decoder: a standard (unmasked self-attention) decoder over the target with unobserved real tokens
+    replaced by a mask symbol (an extra vocabulary row). Contexts are shared by every query."""
+
+    extra_symbols = 1
+
+    @property
+    def mask_idx(self) -> int:
+        return self.vocab_size - 1
+
+    def training_context(self, target: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        masked = cmlm_masked(target, self.padding_idx, self.eos, generator)
+        return ~masked, masked
+
+    def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor) -> Tensor:
+        if observed.dim() != 2:
+            raise ValueError("a CMLM conditions every position on the same observed tokens: pass observed (B, T); "
+                             "per-query contexts (easy-first decoding) need model=disco")
+        hidden = ~observed & real_positions(tokens, self.padding_idx, self.eos)
+        inputs = tokens.masked_fill(hidden, self.mask_idx)
+        enc_mask = self._encoder_mask(encoder_out)
+        return self.output_layer(self.decoder(inputs, encoder_out=encoder_out.out, encoder_padding_mask=enc_mask))
+
