@@ -45,8 +45,12 @@ class Band(nn.Module):
 
 
 def _band_dims(model_dim: int, factor: float, n: int) -> list[int]:
-    dims = [max(1, int(model_dim // (factor**i))) for i in range(n)]
-    return dims
+    return [max(1, int(model_dim // (factor**i))) for i in range(n)]
+
+
+def _log_softmax(logits: Tensor) -> Tensor:
+    """In fp32 at least, whatever the autocast dtype."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
 
 class AdaptiveInput(nn.Module):
@@ -129,7 +133,7 @@ class AdaptiveSoftmax(nn.Module):
         logits = self._band_logits(0, x)
         if self.cluster is not None:
             logits = torch.cat([logits, self.cluster(x)], dim=-1)
-        return F.log_softmax(logits.float(), dim=-1)
+        return _log_softmax(logits)
 
     def log_probs(self, x: Tensor) -> Tensor:
         """Full (…, V) log-probabilities (evaluation, small vocabularies, tests)."""
@@ -137,7 +141,7 @@ class AdaptiveSoftmax(nn.Module):
         size0 = self.edges[1]
         parts = [head[..., :size0]]
         for i in range(1, len(self.bands)):
-            tail = F.log_softmax(self._band_logits(i, x).float(), dim=-1)
+            tail = _log_softmax(self._band_logits(i, x))
             parts.append(head[..., size0 + i - 1: size0 + i] + tail)
         return torch.cat(parts, dim=-1)
 
@@ -155,7 +159,7 @@ class AdaptiveSoftmax(nn.Module):
             rows = (keep & (flat_t >= lo) & (flat_t < hi)).nonzero(as_tuple=True)[0]
             if rows.numel() == 0:
                 continue
-            tail = F.log_softmax(self._band_logits(i, flat_x[rows]).float(), dim=-1)
+            tail = _log_softmax(self._band_logits(i, flat_x[rows]))
             word = tail.gather(1, (flat_t[rows] - lo).unsqueeze(1)).squeeze(1)
             out[rows] = -(head[rows, size0 + i - 1] + word)
         return out.view(target.shape)

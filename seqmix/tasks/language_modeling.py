@@ -74,31 +74,30 @@ class LanguageModelingTask(SeqmixTask):
         nll = self.model.nll(self.model(batch["tokens"]), batch["target"]).sum()
         return nll, nll, int(batch["ntokens"])
 
-    def _report(self, nll: float, ntokens: int) -> Report:
+    def _report(self, nll: float, ntokens: int, eval_context: int) -> Report:
         ppl = perplexity(nll, ntokens)
         units = "words" if getattr(self.tokenizer, "kind", "bpe") == "word" else "subword tokens"
         context = f"{self.tokens_per_sample}-token samples, break_mode={self.break_mode}"
-        if self.eval_context:
-            context += f", +{self.eval_context} tokens of unscored context"
+        if eval_context:
+            context += f", +{eval_context} tokens of unscored context"
         return Report(ppl, f"perplexity: {ppl:.2f}",
                       [f"over {ntokens:,} {units} incl. </s> (mean NLL {nll / max(ntokens, 1):.4f} nats; {context})"])
 
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report:
-        return self._report(nll, ntokens)
+        return self._report(nll, ntokens, self.eval_context)
 
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references=None, max_tokens: int = 8000,
                        eval_context: int | None = None, **_) -> tuple[None, Report]:
         """Perplexity of ``sources`` (lines, each followed by ``</s>``) with the training block settings."""
-        if eval_context is not None:
-            self.eval_context = int(eval_context)
-        longest = self.tokens_per_sample + self.eval_context
+        context = self.eval_context if eval_context is None else int(eval_context)
+        longest = self.tokens_per_sample + context
         if longest > self.model.max_positions:
             raise SeqmixError(f"tokens_per_sample + eval_context = {longest} exceeds the model's "
                               f"{self.model.max_positions} positions; lower eval_context")
         tok = self.tokenizer
         ds = make_blocks(tok.encode_batch(sources), tok.eos, tok.pad, self.tokens_per_sample, self.break_mode,
-                         self.eval_context)
+                         context)
         sampler = TokenBudgetBatchSampler(ds.sizes, ds.sizes, max(max_tokens, longest), shuffle=False)
         device = next(self.model.parameters()).device
         nll, ntokens = 0.0, 0
@@ -106,4 +105,4 @@ class LanguageModelingTask(SeqmixTask):
             batch = collate_blocks([ds[i] for i in idx], tok.pad)
             nll += float(self.model.nll(self.model(batch["tokens"].to(device)), batch["target"].to(device)).sum())
             ntokens += batch["ntokens"]
-        return None, self._report(nll, ntokens)
+        return None, self._report(nll, ntokens, context)

@@ -1,0 +1,88 @@
+"""Adaptive input and adaptive softmax: proper distributions, tied weights, the no-cutoff case is a full softmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqmix.cli.common import count_parameters
+from seqmix.errors import SeqmixError
+from seqmix.models import AdaptiveInput, AdaptiveSoftmax
+
+PAD, V, D = 1, 50, 16
+
+
+def tied(cutoffs, factor=2.0):
+    torch.manual_seed(0)
+    emb = AdaptiveInput(V, PAD, D, cutoffs, factor)
+    return emb, AdaptiveSoftmax(D, V, cutoffs, factor, bands=emb.bands).eval()
+
+
+@pytest.mark.parametrize("cutoffs", [[], [10], [10, 30]])
+def test_log_probs_sum_to_one_and_nll_matches(cutoffs):
+    _, head = tied(cutoffs)
+    x = torch.randn(3, 7, D, dtype=torch.float64)
+    head.double()
+    lp = head.log_probs(x)
+    assert lp.shape == (3, 7, V)
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(3, 7, dtype=torch.float64), atol=1e-12)
+    target = torch.arange(21).view(3, 7) * 2 + 2  # every band, and PAD (1) nowhere
+    target[0, 0] = PAD
+    nll = head.nll(x, target, ignore_index=PAD)
+    expect = -lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    expect[0, 0] = 0.0
+    assert torch.allclose(nll, expect, atol=1e-12)
+
+
+def test_without_cutoffs_it_is_the_tied_full_softmax():
+    emb, head = tied([])
+    x = torch.randn(4, D)
+    full = F.log_softmax(x @ emb.weight.t(), dim=-1)
+    assert torch.allclose(head.log_probs(x), full, atol=1e-6)
+    tokens = torch.tensor([[2, 7, PAD]])
+    assert torch.equal(emb(tokens), F.embedding(tokens, emb.weight))
+    assert torch.count_nonzero(emb(torch.tensor([PAD]))) == 0
+
+
+def test_bands_shrink_by_factor_and_weights_are_shared():
+    emb, head = tied([10, 30], factor=4.0)
+    assert [b.embed.embedding_dim for b in emb.bands] == [16, 4, 1]
+    assert [b.embed.num_embeddings for b in emb.bands] == [10, 20, 20]
+    assert emb.bands[0].proj is None and emb.bands[1].proj.weight.shape == (16, 4)
+    for b_in, b_out in zip(emb.bands, head.bands):
+        assert b_in.embed.weight is b_out.embed.weight
+    own = AdaptiveSoftmax(D, V, [10, 30], 4.0)  # untied: its own bands
+    module = torch.nn.ModuleList([emb, head])
+    assert count_parameters(module) == count_parameters(emb) + head.cluster.weight.numel()
+    assert count_parameters(own) == count_parameters(emb) + own.cluster.weight.numel()
+
+
+def test_adaptive_input_projects_each_band():
+    emb, _ = tied([10, 30])
+    tokens = torch.tensor([[3, 12, 45]])
+    out = emb(tokens)
+    b1, b2 = emb.bands[1], emb.bands[2]
+    assert torch.allclose(out[0, 0], emb.bands[0].embed.weight[3])
+    assert torch.allclose(out[0, 1], b1.proj(b1.embed.weight[12 - 10]))
+    assert torch.allclose(out[0, 2], b2.proj(b2.embed.weight[45 - 30]))
+
+
+def test_gradients_reach_every_band_through_the_tie():
+    emb, head = tied([10, 30])
+    head.train()
+    x = emb(torch.tensor([[2, 15, 40]]))
+    head.nll(x, torch.tensor([[15, 40, 3]]), PAD).sum().backward()
+    assert all(b.embed.weight.grad is not None and b.embed.weight.grad.abs().sum() > 0 for b in emb.bands)
+
+
+@pytest.mark.parametrize("cutoffs", [[30, 10], [10, 10], [0], [50]])
+def test_bad_cutoffs_name_the_setting(cutoffs):
+    with pytest.raises(SeqmixError, match="task.adaptive.cutoffs"):
+        AdaptiveInput(V, PAD, D, cutoffs)
+
+
+def test_tying_needs_the_same_cutoffs():
+    emb = AdaptiveInput(V, PAD, D, [10])
+    with pytest.raises(SeqmixError, match="same cutoffs"):
+        AdaptiveSoftmax(D, V, [10, 30], bands=emb.bands)
