@@ -8,6 +8,7 @@ split from the task's own source, so a non-autoregressive model trains on the te
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
@@ -40,10 +41,13 @@ class DistilledTrainSource:
     """The task's source (``base_target`` built from the remaining keyword arguments), except that the training
     split ``train_split`` comes from ``distilled_path`` when it is set (null: the real data, unchanged)."""
 
-    def __init__(self, base_target: str, distilled_path: str | None = None, train_split: str = "train",
-                 distilled_pattern: str = "{split}.{lang}", **base_kwargs) -> None:
-        self.base = get_class(base_target)(**base_kwargs)
-        self.src_lang, self.tgt_lang = base_kwargs["src_lang"], base_kwargs["tgt_lang"]
+    def __init__(self, base_target: str, src_lang: str, tgt_lang: str, distilled_path: str | None = None,
+                 train_split: str = "train", distilled_pattern: str = "{split}.{lang}", **base_kwargs) -> None:
+        base_cls = get_class(base_target)
+        accepted = inspect.signature(base_cls).parameters
+        langs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if k in accepted}
+        self.base = base_cls(**langs, **base_kwargs)
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.train_split = train_split
         self.distilled = None
         if distilled_path:

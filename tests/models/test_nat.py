@@ -1,0 +1,107 @@
+"""DisCo / CMLM backbones: disentangled contexts, length prediction, the CMLM mask symbol (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqmix.mixers.disco import DisCoAttention
+from seqmix.mixers.self_attention import SelfAttention
+from seqmix.models.nat import CMLMTransformer, DisCoTransformer
+from seqmix.models.nat_masks import disco_observed
+
+PAD, EOS, V = 1, 2, 40
+
+
+def tiny(cls, decoder_mixer, layers: int = 2):
+    torch.manual_seed(0)
+    settings = dict(layers=layers, ffn_dim=32, activation="gelu")
+    model = cls(V, V, PAD, embed_dim=16, dropout=0.1, max_source_positions=32, max_target_positions=32,
+                encoder={**settings, "mixer": lambda **kw: SelfAttention(num_heads=2, **kw)},
+                decoder={**settings, "cross_attention_heads": 2,
+                         "mixer": lambda **kw: decoder_mixer(num_heads=2, **kw)})
+    return model.double().eval()
+
+
+def sample_target(gen) -> torch.Tensor:
+    target = torch.randint(4, V, (3, 9), generator=gen)
+    target[0, 8] = EOS
+    target[1, 5], target[1, 6:] = EOS, PAD
+    target[2, 2], target[2, 3:] = EOS, PAD
+    return target
+
+
+def test_disco_query_output_ignores_tokens_outside_its_observed_set():
+    model = tiny(DisCoTransformer, DisCoAttention, layers=3)
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randint(4, V, (3, 7), generator=gen)
+    target = sample_target(gen)
+    observed = disco_observed(target, PAD, EOS, gen)
+    enc, _ = model.encode(src)
+    base = model.predict(target, enc, observed)
+    real = target.ne(PAD) & target.ne(EOS)
+    checked = changed = 0
+    for b, n in real.nonzero().tolist():
+        hidden = real[b] & ~observed[b, n]  # includes n itself
+        other = target.clone()
+        other[b, hidden] = 4 + (other[b, hidden] - 3) % (V - 4)  # different real tokens
+        assert hidden[n] and not torch.equal(other, target)
+        out = model.predict(other, enc, observed)
+        torch.testing.assert_close(out[b, n], base[b, n], rtol=0, atol=1e-12)
+        checked += 1
+        seen = (real[b] & observed[b, n]).nonzero().flatten()
+        if seen.numel():  # and a visible token does matter (so the check above can fail)
+            other = target.clone()
+            other[b, seen[0]] = 4 + (other[b, seen[0]] - 3) % (V - 4)
+            changed += int((model.predict(other, enc, observed)[b, n] - base[b, n]).abs().max() > 1e-6)
+    assert checked == int(real.sum()) and changed > 0
+
+
+def test_disco_training_context_scores_every_real_token_and_shared_sets_exclude_self():
+    model = tiny(DisCoTransformer, DisCoAttention)
+    target = sample_target(torch.Generator().manual_seed(0))
+    observed, scored = model.training_context(target)
+    assert torch.equal(scored, target.ne(PAD) & target.ne(EOS))
+    shared = model.per_query_observed(target, torch.ones_like(target, dtype=torch.bool))
+    assert not torch.diagonal(shared, dim1=1, dim2=2)[scored].any()
+    assert shared[:, :, 8][0].all() and shared[1, :, 5].all()  # eos visible to every query
+
+
+def test_length_logits_and_targets():
+    model = tiny(DisCoTransformer, DisCoAttention)
+    src = torch.tensor([[5, 6, 7, EOS], [8, EOS, PAD, PAD]])
+    _, logits = model.encode(src)
+    assert logits.shape == (2, 33) and torch.isneginf(logits[:, 0]).all() and torch.isfinite(logits[:, 1:]).all()
+    assert model.length_targets(torch.tensor([[5, 6, EOS, PAD], [5, 6, 7, EOS]])).tolist() == [3, 4]
+    # the LENGTH token is part of the encoder: source padding does not change the prediction
+    _, padded = model.encode(torch.tensor([[8, EOS, PAD, PAD, PAD, PAD]]))
+    torch.testing.assert_close(padded[0, 1:], logits[1, 1:], rtol=0, atol=1e-12)
+
+
+def test_cmlm_hides_unobserved_tokens_behind_the_mask_symbol():
+    model = tiny(CMLMTransformer, SelfAttention)
+    assert model.vocab_size == V + 1 and model.mask_idx == V and model.mask_idx in model.banned_tokens()
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, V, (3, 7), generator=gen)
+    target = sample_target(gen)
+    known, scored = model.training_context(target)
+    assert torch.equal(known, ~scored) and scored.any()
+    enc, _ = model.encode(src)
+    base = model.predict(target, enc, known)
+    other = target.clone()
+    other[scored] = 4 + (other[scored] - 3) % (V - 4)
+    torch.testing.assert_close(model.predict(other, enc, known), base, rtol=0, atol=1e-12)
+    visible = known & target.ne(PAD) & target.ne(EOS)
+    other = target.clone()
+    other[visible] = 4 + (other[visible] - 3) % (V - 4)
+    assert (model.predict(other, enc, known) - base).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="model=disco"):
+        model.predict(target, enc, known.unsqueeze(1).expand(-1, 9, -1))
+
+
+def test_init_is_normal_002_and_embeddings_are_tied():
+    model = tiny(DisCoTransformer, DisCoAttention)
+    w = model.decoder.layers[0].mixer.attn.k_proj.weight.detach()
+    assert abs(float(w.std()) - 0.02) < 0.005 and float(model.decoder.layers[0].ffn.fc1.bias.detach().abs().max()) == 0
+    assert model.encoder.embed_tokens is model.decoder.embed_tokens is model.embed_tokens
+    assert float(model.embed_tokens.weight.detach()[PAD].abs().max()) == 0
