@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import inspect
 import time
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def generate(cfg: DictConfig) -> float | None:
     task.to(device)
     sources, refs = read_inputs(cfg, train_cfg)
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
+    if cfg.get("max_sentences"):
+        if "max_sentences" not in inspect.signature(task.evaluate_texts).parameters:
+            raise SeqmixError(f"max_sentences= does not apply to {type(task).__name__}")
+        overrides["max_sentences"] = int(cfg.max_sentences)
     start = time.perf_counter()
     outputs, report = task.evaluate_texts(sources, refs, int(cfg.max_tokens), **overrides)
     elapsed = time.perf_counter() - start

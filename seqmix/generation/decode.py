@@ -9,9 +9,10 @@ from seqmix.generation.beam_search import BeamSearch
 
 
 def decode_dataset(model, tokenizer, dataset: PairDataset, search: BeamSearch, max_tokens: int,
-                   device: torch.device) -> tuple[list[str], int]:
+                   device: torch.device, max_sentences: int | None = None) -> tuple[list[str], int]:
     """Best hypothesis of every source (detokenized) and the number of tokens generated."""
-    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens, shuffle=False)
+    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens,
+                                      max_sentences=max_sentences, shuffle=False)
     hyps = [""] * len(dataset)
     generated = 0
     with torch.inference_mode():

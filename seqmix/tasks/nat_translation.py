@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from seqmix.data import PairDataset, TokenBudgetBatchSampler, collate_pairs
+from seqmix.data import PairDataset, TokenBudgetBatchSampler, TranslationDataModule, collate_pairs
 from seqmix.errors import SeqmixError
 from seqmix.generation.nat_decoding import ALGORITHMS, IterativeDecoder
 from seqmix.tasks.base import Report
@@ -41,6 +42,15 @@ class NonAutoregressiveTranslationTask(TranslationTask):
                     "length_beam": 5, "max_iterations": 10, **dict(nat or {})}
         self.decoder_settings(**self.nat)  # fail early on bad settings
         self.last_iterations: list[int] = []
+
+    @classmethod
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+        """The DisCo / CMLM preset; only on parallel (source, target) data."""
+        data = get_class(cfg.task.data._target_)
+        if not issubclass(data, TranslationDataModule):
+            raise SeqmixError(f"model={cfg.model.name} is a non-autoregressive translation model; task="
+                              f"{cfg.task.name} reads {data.__name__}, not parallel data: choose a translation task")
+        return super().build_model(cfg, vocab_size, padding_idx)
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
@@ -122,13 +132,14 @@ class NonAutoregressiveTranslationTask(TranslationTask):
 
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
-                       **overrides) -> tuple[list[str], Report | None]:
+                       max_sentences: int | None = None, **overrides) -> tuple[list[str], Report | None]:
         """Decode ``sources`` in token-budget batches (``overrides``: NAT_OPTIONS) and score them."""
         decoder = self.decoder_settings(**overrides)
         ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
         dataset = PairDataset(ids, [[] for _ in ids], sources, ["" for _ in ids])
         device = next(self.model.parameters()).device
-        sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.src_sizes, max_tokens=max_tokens, shuffle=False)
+        sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.src_sizes, max_tokens=max_tokens,
+                                          max_sentences=max_sentences, shuffle=False)
         tok = self.tokenizer
         hyps, iterations = [""] * len(ids), [0] * len(ids)
         for batch_idx in sampler:

@@ -97,7 +97,7 @@ class TranslationTask(SeqmixTask):
 
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
-                       **overrides) -> tuple[list[str], Report | None]:
+                       max_sentences: int | None = None, **overrides) -> tuple[list[str], Report | None]:
         """Decode ``sources`` (``overrides``: beam options such as beam_size) and score them when references exist."""
         unknown = set(overrides) - set(BEAM_OPTIONS)
         if unknown:
@@ -106,7 +106,8 @@ class TranslationTask(SeqmixTask):
         ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
         dataset = PairDataset(ids, [[] for _ in ids], sources, ["" for _ in ids])
         device = next(self.model.parameters()).device
-        hyps, _ = decode_dataset(self.model, self.tokenizer, dataset, self.beam_search(**overrides), max_tokens, device)
+        hyps, _ = decode_dataset(self.model, self.tokenizer, dataset, self.beam_search(**overrides), max_tokens, device,
+                                 max_sentences)
         if references is None:
             return hyps, None
         norm = self.tokenizer.normalize_reference
