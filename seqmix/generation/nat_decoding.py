@@ -36,9 +36,16 @@ class NATResult:
     history: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (tokens, logp) of all rows after each pass
 
 
-def length_candidates(length_logits: Tensor, beam: int, min_length: int = 2) -> Tensor:
-    """(B, l) candidate lengths (eos included): the l most likely, clamped to at least ``min_length``."""
+def length_candidates(length_logits: Tensor, beam: int, min_length: int = 2, max_length: Tensor | None = None
+                      ) -> Tensor:
+    """(B, l) candidate lengths (eos included): the l most likely, clamped to at least ``min_length``; with
+    ``max_length`` (B,), only lengths up to it compete (an untrained model's lengths would cost O(L^2) each)."""
     beam = min(beam, length_logits.size(-1) - 1)
+    if max_length is not None:
+        cap = max_length.clamp(min=min_length).unsqueeze(1)
+        too_long = torch.arange(length_logits.size(-1), device=cap.device).unsqueeze(0) > cap
+        top = length_logits.masked_fill(too_long, float("-inf")).topk(beam, dim=-1).indices
+        return top.clamp(min=min_length).minimum(cap)
     return length_logits.topk(beam, dim=-1).indices.clamp(min=min_length)
 
 
@@ -67,13 +74,14 @@ class IterativeDecoder:
     """``generate(model, src_tokens)`` -> :class:`NATResult`; ``algorithm`` is easy_first or mask_predict."""
 
     def __init__(self, algorithm: str = "easy_first", length_beam: int = 5, max_iterations: int = 10,
-                 min_length: int = 2) -> None:
+                 min_length: int = 2, max_len_a: float | None = None, max_len_b: int = 0) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown NAT decoding algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
         if length_beam < 1 or max_iterations < 1:
             raise ValueError(f"length_beam ({length_beam}) and max_iterations ({max_iterations}) must be >= 1")
         self.algorithm, self.length_beam, self.max_iterations = algorithm, length_beam, max_iterations
         self.min_length = min_length
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b  # lengths up to a * source length + b (+ eos)
 
     @torch.no_grad()
     def generate(self, model, src_tokens: Tensor, trace: bool = False) -> NATResult:
@@ -81,7 +89,11 @@ class IterativeDecoder:
             raise ValueError(f"parallel easy-first needs per-query contexts (model=disco); {type(model).__name__} "
                              "decodes with mask_predict")
         encoder_out, length_logits = model.encode(src_tokens)
-        lengths = length_candidates(length_logits, self.length_beam, self.min_length)
+        cap = None
+        if self.max_len_a is not None:
+            src_len = src_tokens.ne(model.padding_idx).sum(dim=1) - 1  # without the source eos
+            cap = (self.max_len_a * src_len + self.max_len_b).floor().long() + 1
+        lengths = length_candidates(length_logits, self.length_beam, self.min_length, cap)
         lengths = lengths.clamp(max=model.max_target_positions)
         run = easy_first if self.algorithm == "easy_first" else mask_predict
         return run(model, encoder_out, lengths, self.max_iterations, trace)

@@ -88,7 +88,9 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         if int(opts["length_beam"]) < 1 or int(opts["max_iterations"]) < 1:
             raise SeqmixError(f"length_beam={opts['length_beam']} and max_iterations={opts['max_iterations']} "
                               "must be >= 1")
-        return IterativeDecoder(opts["algorithm"], int(opts["length_beam"]), int(opts["max_iterations"]))
+        gen = self.generation  # the task's max_len_a/b also bound the candidate lengths
+        return IterativeDecoder(opts["algorithm"], int(opts["length_beam"]), int(opts["max_iterations"]),
+                                max_len_a=gen.get("max_len_a"), max_len_b=int(gen.get("max_len_b") or 0))
 
     def translate_with_iterations(self, src_tokens: Tensor, **overrides) -> tuple[list[str], list[int]]:
         result = self.decoder_settings(**overrides).generate(self.model, src_tokens)

@@ -164,6 +164,9 @@ def test_length_candidates_and_rows():
     logits = torch.stack([length_logits(1, 5, 3), length_logits(4, 2, 6)])
     lengths = length_candidates(logits, 3)
     assert lengths.tolist() == [[2, 5, 3], [4, 2, 6]]  # length 1 (eos alone) clamps to 2
+    logits = torch.stack([length_logits(1, 5, 3, 4, 2), length_logits(4, 2, 6, 3, 1)])
+    capped = length_candidates(logits, 3, max_length=torch.tensor([4, 3]))
+    assert capped.tolist() == [[2, 3, 4], [2, 3, 2]]  # lengths above the cap never compete
     rows = candidate_rows(torch.tensor([[3, 1 + 1]]), UNK, EOS, PAD)
     assert rows.tolist() == [[UNK, UNK, EOS], [UNK, EOS, PAD]]
 
