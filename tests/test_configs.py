@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from seqmix.cli.common import build_model, count_parameters
+from seqmix.cli.common import build_model, count_parameters, task_class
 from seqmix.cli.resolvers import register_resolvers
+from seqmix.cli.train import dry_run
+from seqmix.errors import SeqmixError
+from seqmix.models import DecoderOnly
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_resolvers()
@@ -52,9 +56,57 @@ def test_model_task_compose_and_instantiate(task, model):
 @pytest.mark.parametrize("experiment", names("experiment"))
 def test_experiments_compose_and_build(experiment):
     cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}"]))
-    vocab = int(cfg.task.vocab_size)
-    net = build_model(cfg.model, vocab, vocab, padding_idx=1)
+    with torch.device("meta"):  # shapes only: the paper models have 10^8 parameters
+        net = task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
     assert count_parameters(net) > 0
+
+
+LM_TASKS = ["lm1b", "wikitext103", "wikitext2"]
+# presets on the encoder-decoder backbone (one token mixer per block); ConvS2S has none, DisCo/CMLM select their task
+MIXER_MODELS = [m for m in names("model") if m.split("_")[0] in ("transformer", "lightconv", "dynamicconv", "talk")]
+
+
+@pytest.mark.parametrize("task", LM_TASKS)
+@pytest.mark.parametrize("model", MIXER_MODELS)
+def test_language_models_of_every_mixer(task, model):
+    """task= switches the family, model= the mixer: the LM tasks build the preset's decoder stack alone."""
+    cfg = resolve_outside_hydra(compose_train([f"task={task}", f"model={model}"]))
+    with torch.device("meta"):
+        net = task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
+    assert isinstance(net, DecoderOnly) and len(net.decoder.layers) == cfg.model.decoder.layers
+    assert all(b.cross_attn is None and b.mixer.causal for b in net.decoder.layers)
+    conv = "SelfAttention" not in cfg.model.decoder.mixer._target_
+    assert all(b.mixer_residual.normalize_before == (conv or cfg.model.decoder.normalize_before)
+               for b in net.decoder.layers)  # pre-norm forced for the conv mixers
+    adaptive = cfg.task.adaptive
+    assert len(net.output.bands) == 1 + (len(adaptive.cutoffs) if adaptive.softmax else 0)
+
+
+@pytest.mark.parametrize("model", ["convs2s", "convs2s_small"])
+def test_language_model_needs_a_mixer_preset(model):
+    cfg = resolve_outside_hydra(compose_train(["task=wikitext2", f"model={model}"]))
+    with pytest.raises(SeqmixError, match="no decoder.mixer"):
+        task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
+
+
+# The papers' parameter counts (Wu et al. 2019 Tables 4-5; Lioutas & Guo 2020 Tables 4-5), rounded to 1M there.
+PAPER_COUNTS = {
+    "wu2019_dynamicconv_lm_gbw": 339e6,
+    "lioutas2020_talk_wikitext103": 240e6,
+    "lioutas2020_talk_cnndm_standard": 59e6,
+    "lioutas2020_talk_cnndm_deep": 83e6,
+    "wu2019_lightconv_cnndm": 86e6,
+    "wu2019_dynamicconv_cnndm": 87e6,
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(PAPER_COUNTS))
+def test_lm_and_summarization_presets_match_the_papers_sizes(experiment, capsys):
+    cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}", "dry_run=true"]))
+    with torch.device("meta"):
+        n = dry_run(cfg)
+    assert f"parameters: {n}" in capsys.readouterr().out
+    assert abs(n - PAPER_COUNTS[experiment]) / PAPER_COUNTS[experiment] < 0.01, n
 
 
 def test_transformer_big_has_about_210m_parameters():

@@ -37,11 +37,11 @@ class SummarizationTask(TranslationTask):
                       metrics={"rouge1": result.rouge1, "rouge2": result.rouge2, "rougeL": result.rougeL})
 
     def lead_baseline(self, sources: list[str], references: list[list[str]]) -> RougeResult:
-        """The first sentences of each whole (untruncated) source, normalized and scored exactly like the model;
-        cached, since validation scores the same split many times."""
+        """The first sentences (or dialogue turns) of each whole source, normalized and scored exactly like the
+        model; cached, since validation scores the same split many times."""
         key = hash((tuple(sources), tuple(map(tuple, references))))
         if key not in self._lead_cache:
-            leads = [lead(self.tokenizer.normalize_reference(s), self.lead_sentences) for s in sources]
+            leads = [self.tokenizer.normalize_reference(lead(s, self.lead_sentences)) for s in sources]
             self._lead_cache[key] = corpus_rouge(leads, references, self.stemming)
         return self._lead_cache[key]
 

@@ -53,7 +53,7 @@ def test_rouge_and_lead_baseline_as_rouge_score_computes_them():
     norm = t.tokenizer.normalize_reference
     refs = [[norm(r) for r in rs] for rs in REFS]
     model = corpus_rouge(hyps, refs, stemming=True)
-    baseline = corpus_rouge([lead(norm(d), 2) for d in DOCS], refs, stemming=True)
+    baseline = corpus_rouge([norm(lead(d, 2)) for d in DOCS], refs, stemming=True)
     assert report.score == model.rougeL
     assert report.headline == f"ROUGE-1/2/L: {model.scores()}"
     assert report.metrics == {"rouge1": model.rouge1, "rouge2": model.rouge2, "rougeL": model.rougeL}
