@@ -9,13 +9,11 @@ from functools import partial
 from itertools import chain
 from pathlib import Path
 
-import lightning
 import torch
-from torch.utils.data import DataLoader
 
-from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.dataset import PairDataset, collate_pairs, filter_by_length
 from seqmix.data.sources import ParallelCorpus
+from seqmix.data.token_budget_datamodule import TokenBudgetDataModule
 from seqmix.data.tokenizer import Tokenizer, load_or_train_tokenizer, tokenizer_cache_key
 from seqmix.errors import SeqmixError
 
@@ -51,7 +49,7 @@ def save_atomic(obj, path: Path) -> None:
             os.unlink(tmp)
 
 
-class TranslationDataModule(lightning.LightningDataModule):
+class TranslationDataModule(TokenBudgetDataModule):
     """Reads every configured split once, shares one joint BPE tokenizer, and caches encodings on disk."""
 
     def __init__(self, source, src_lang: str, tgt_lang: str, splits: dict, tokenizer: dict,
@@ -160,48 +158,12 @@ class TranslationDataModule(lightning.LightningDataModule):
 
     # ---- loading --------------------------------------------------------------------------------------------
 
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 0, 1
-        return trainer.global_rank, trainer.world_size
+    def batch_lengths(self, dataset: PairDataset) -> tuple:
+        return dataset.src_sizes, dataset.tgt_sizes
 
-    def dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
-        """Token-budget loader; ``shuffle=True`` means training (shuffled), otherwise evaluation (fixed order).
-
-        Under DDP every rank gets the same number of batches (a rank with fewer repeats earlier batches whole),
-        so per-step collectives never hang; evaluation drops the repeats by their example ids."""
-        if self.tokenizer is None:
-            self.setup()
-        if split not in self.datasets:
-            raise SeqmixError(f"no {split!r} split is configured (have {sorted(self.datasets)}); set "
-                              f"task.data.splits.{split}")
-        ds = self.datasets[split]
-        rank, world = self._rank_world()
-        connector = getattr(getattr(self, "trainer", None), "_accelerator_connector", None)
-        if world > 1 and getattr(connector, "use_distributed_sampler", False):
-            raise SeqmixError("TranslationDataModule shards its token-budget batches across ranks itself; create "
-                              "the Trainer with use_distributed_sampler=False (trainer.use_distributed_sampler=false)")
-        budget = self.max_tokens if shuffle else (self.max_tokens_valid or self.max_tokens)
-        sampler = TokenBudgetBatchSampler(ds.src_sizes, ds.tgt_sizes, budget, self.max_sentences,
-                                          shuffle=shuffle, seed=self.seed, rank=rank, world_size=world,
-                                          pad_to_equal=True)
+    def collate_fn(self):
         tok = self.tokenizer
-        return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers,
-                          collate_fn=partial(collate_pairs, pad=tok.pad, bos=tok.bos, eos=tok.eos),
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self):
-        return self.dataloader("train", shuffle=True)
-
-    def val_dataloader(self):
-        """An empty list (no validation) when no valid split is configured."""
-        if self.tokenizer is None:
-            self.setup()
-        return self.dataloader("valid") if "valid" in self.datasets else []
-
-    def test_dataloader(self):
-        return self.dataloader("test")
+        return partial(collate_pairs, pad=tok.pad, bos=tok.bos, eos=tok.eos)
 
     def references(self, split: str) -> list[str]:
         """Normalized raw targets of the kept pairs, indexed like the dataset (batch ``id`` -> reference)."""

@@ -7,13 +7,11 @@ import os
 from functools import partial
 from pathlib import Path
 
-import lightning
 import torch
-from torch.utils.data import DataLoader
 
-from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.datamodule import _pack, _unpack, save_atomic
 from seqmix.data.lm_blocks import BREAK_MODES, BlockDataset, collate_blocks, make_blocks
+from seqmix.data.token_budget_datamodule import TokenBudgetDataModule
 from seqmix.data.tokenizer import Tokenizer, load_or_train_tokenizer, tokenizer_cache_key
 from seqmix.errors import SeqmixError
 
@@ -22,7 +20,7 @@ log = logging.getLogger(__name__)
 _TOKENIZER_DEFAULTS = {"kind": "word", "vocab_size": 300000, "lowercase": False, "min_frequency": 1}
 
 
-class LanguageModelingDataModule(lightning.LightningDataModule):
+class LanguageModelingDataModule(TokenBudgetDataModule):
     """``tokens_per_sample`` targets per sample (see ``seqmix.data.lm_blocks`` for ``break_mode`` and
     ``eval_context``); batches hold at most ``max_tokens`` padded input tokens. The vocabulary (word-level or BPE)
     is trained on the train split and cached with the encoded splits, like the translation data module."""
@@ -107,33 +105,8 @@ class LanguageModelingDataModule(lightning.LightningDataModule):
         for split, ds in self.datasets.items():
             log.info("%s: %d tokens in %d samples", split, ds.num_targets, len(ds))
 
-    def _rank_world(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+    def batch_lengths(self, dataset: BlockDataset) -> tuple:
+        return dataset.sizes, dataset.sizes
 
-    def dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
-        """Shuffled for training; in a fixed order for evaluation (every target once; DDP repeats are dropped by id)."""
-        if self.tokenizer is None:
-            self.setup()
-        if split not in self.datasets:
-            raise SeqmixError(f"no {split!r} split is configured (have {sorted(self.datasets)}); set "
-                              f"task.data.splits.{split}")
-        ds = self.datasets[split]
-        rank, world = self._rank_world()
-        budget = self.max_tokens if shuffle else (self.max_tokens_valid or self.max_tokens)
-        sampler = TokenBudgetBatchSampler(ds.sizes, ds.sizes, budget, shuffle=shuffle, seed=self.seed, rank=rank,
-                                          world_size=world, pad_to_equal=True)
-        return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers,
-                          collate_fn=partial(collate_blocks, pad=self.tokenizer.pad),
-                          persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self):
-        return self.dataloader("train", shuffle=True)
-
-    def val_dataloader(self):
-        if self.tokenizer is None:
-            self.setup()
-        return self.dataloader("valid") if "valid" in self.datasets else []
-
-    def test_dataloader(self):
-        return self.dataloader("test")
+    def collate_fn(self):
+        return partial(collate_blocks, pad=self.tokenizer.pad)
