@@ -1,8 +1,10 @@
-"""`python -m benchmarks.run` (`make bench`): mixer speed/memory sweep and decoding speed, tables + files.
+"""`python -m benchmarks.run` (`make bench`): mixer speed/memory sweep, training throughput of the Multi30k
+recipes, autoregressive decoding speed and non-autoregressive (DisCo/CMLM) decoding against their teacher.
 
-Writes ``benchmarks/results/<timestamp>/``: ``results.json`` (everything, incl. environment), ``mixers.csv``,
-``decoding.csv``, ``mixers.png`` (time and memory vs T, log-log) and ``decoding.png``.
-Exits with status 1 when a mixer failed its correctness check, so a broken op cannot pass unnoticed.
+Writes ``benchmarks/results/<timestamp>/``: ``results.json`` (everything, incl. environment) and per section a CSV
+and a PNG: ``mixers.*`` (time and memory vs T, log-log), ``training.*``, ``decoding.*``, ``nat.*``.
+Exits with status 1 when a mixer failed its correctness check or a training recipe failed to train, so a broken
+op cannot pass unnoticed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import decoding, registry
+from benchmarks import decoding, registry, training
 from benchmarks.mixers import (
     DEFAULT_LENGTHS,
     MixerBenchConfig,
@@ -32,14 +34,18 @@ from benchmarks.mixers import (
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_MAX_T, QUICK_REPEATS, QUICK_LIMIT = 512, 2, 100
+QUICK_BATCH1_LIMIT = 20
+SECTIONS = ("mixers", "training", "decoding", "nat")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help=f"smoke run: T <= {QUICK_MAX_T}, {QUICK_REPEATS} repeats, --limit {QUICK_LIMIT}")
-    p.add_argument("--only", choices=["mixers", "decoding"], help="run one section only")
+                   help=f"smoke run: T <= {QUICK_MAX_T}, {QUICK_REPEATS} repeats (mixers and training), 1 "
+                   f"training warm-up, --limit {QUICK_LIMIT}, --batch1-limit {QUICK_BATCH1_LIMIT}")
+    p.add_argument("--only", choices=SECTIONS, nargs="+", metavar="SECTION",
+                   help=f"run only these sections ({', '.join(SECTIONS)}); default: all")
     g = p.add_argument_group("mixers")
     g.add_argument("--mixers", nargs="+", metavar="NAME",
                    help=f"registry names (baseline always kept); known: {', '.join(e.name for e in registry.ENTRIES)}")
@@ -52,14 +58,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: fp32 on CPU, bf16 (fp16 without bf16 support) on CUDA")
     g.add_argument("--in-process", action="store_true",
                    help="CPU: measure every point in this process (faster, memory numbers less trustworthy)")
-    d = p.add_argument_group("decoding")
+    t = p.add_argument_group("training (full updates of the Multi30k CPU recipes)")
+    t.add_argument("--train-models", nargs="+", default=list(training.RECIPES), metavar="MODEL",
+                   help="recipe models (conf/experiment/multi30k_<name>_cpu.yaml); the baseline "
+                   f"{training.BASELINE} is always included")
+    t.add_argument("--train-repeats", type=int, default=5, help="timed updates per model (median)")
+    t.add_argument("--train-warmup", type=int, default=2, help="untimed updates before the timed ones")
+    t.add_argument("--train-max-tokens", type=int, default=None,
+                   help="padded tokens per batch (default: each recipe's task.data.max_tokens)")
+    t.add_argument("--synthetic", action="store_true",
+                   help="random tokens with Multi30k-like lengths instead of the real training batches")
+    d = p.add_argument_group("decoding (autoregressive; --data-dir, --limit, --max-tokens also apply to nat)")
     d.add_argument("--ckpt", nargs="+", help="checkpoints to decode with (default: the newest multi30k_ende "
-                   "best.ckpt of each model in --runs-dir, Transformer first)")
-    d.add_argument("--runs-dir", type=Path, default=None, help=f"default: {decoding.default_runs_dir()}")
+                   "best.ckpt of each autoregressive model in --runs-dir, Transformer first)")
+    d.add_argument("--runs-dir", type=Path, nargs="+", default=None,
+                   help=f"folders of runs to search (default: {decoding.default_runs_dir()})")
     d.add_argument("--data-dir", type=Path, default=None, help=f"Multi30k folder; default: {decoding.default_data_dir()}")
     d.add_argument("--limit", type=int, default=None, help="decode only the first N val sentences (default: all)")
     d.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     d.add_argument("--max-tokens", type=int, default=8000, help="source tokens per decoding batch")
+    n = p.add_argument_group("nat (DisCo/CMLM against their autoregressive teacher, batch 1 and full batches)")
+    n.add_argument("--nat-ckpt", nargs="+", help="DisCo/CMLM checkpoints (default: the newest multi30k_ende "
+                   "best.ckpt of each non-autoregressive model in --runs-dir, DisCo first)")
+    n.add_argument("--nat-teacher", type=Path, default=None,
+                   help="autoregressive checkpoint to compare with (default: the newest multi30k Transformer)")
+    n.add_argument("--teacher-beam", type=int, default=5)
+    n.add_argument("--batch1-limit", type=int, default=200,
+                   help="batch size 1 decodes only the first N val sentences (0: as many as --limit)")
+    n.add_argument("--length-beam", type=int, default=None, help="NAT candidate lengths (default: the checkpoint's)")
+    n.add_argument("--max-iterations", type=int, default=None, help="NAT passes at most (default: the checkpoint's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<timestamp>)")
@@ -68,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lengths = [t for t in args.lengths if t <= QUICK_MAX_T]
         args.repeats = min(args.repeats, QUICK_REPEATS)
         args.limit = args.limit or QUICK_LIMIT
+        args.batch1_limit = min(args.batch1_limit or QUICK_BATCH1_LIMIT, QUICK_BATCH1_LIMIT)
+        args.train_repeats = min(args.train_repeats, QUICK_REPEATS)
+        args.train_warmup = min(args.train_warmup, 1)
+    args.only = [s for s in SECTIONS if s in (args.only or SECTIONS)]
     return args
 
 
@@ -149,6 +180,37 @@ def plot_decoding(rows: list[decoding.DecodeResult], path: Path, title: str) -> 
     plt.close(fig)
 
 
+def plot_nat(rows: list[decoding.DecodeResult], path: Path, title: str) -> None:
+    """One panel per batching (batch 1, full batches): sentences/s per model, the teacher first; BLEU, the speed
+    ratio to the teacher and (NAT) the average iterations written on each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(r.batching for r in rows))
+    fig, axes = plt.subplots(1, len(groups), figsize=(1.0 + 2.6 * len(groups) + 0.9 * len(rows), 4.6), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        pts = [r for r in rows if r.batching == group]
+        labels = [f"{r.model}\n{'beam ' + str(r.beam) if r.decoder == 'beam' else r.decoder}" for r in pts]
+        bars = ax.bar(range(len(pts)), [r.sentences_per_s for r in pts],
+                      color=["tab:gray" if r.role == "teacher" else "tab:blue" for r in pts])
+        for bar, r in zip(bars, pts):
+            text = f"{r.sentences_per_s:.1f}\nBLEU {r.bleu:.1f}"
+            text += "" if r.speed_ratio is None else f"\n{r.speed_ratio:.2f}x"
+            text += "" if r.avg_iterations is None else f"\n{r.avg_iterations:.1f} it."
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                        fontsize=7)
+        ax.set_xticks(range(len(pts)), labels, fontsize=7)
+        ax.set_ylim(0, max(r.sentences_per_s for r in pts) * 1.5)
+        ax.set_ylabel("sentences / s")
+        ax.set_title(f"{group} ({pts[0].sentences} sent.)", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _contention_warning() -> str | None:
     if not hasattr(os, "getloadavg"):
         return None
@@ -173,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         print(warning)
     report: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                     "started": datetime.now().isoformat(timespec="seconds"), "warning": warning}
-    failed = []
+    failed, failed_training = [], []
 
-    if args.only in (None, "mixers"):
+    if "mixers" in args.only:
         cfg = MixerBenchConfig(lengths=tuple(args.lengths), embed_dim=args.embed_dim, token_budget=args.token_budget,
                                repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype,
                                isolate=not args.in_process, threads=args.threads)
@@ -202,7 +264,28 @@ def main(argv: list[str] | None = None) -> int:
         if any(r.ok for r in rows):
             plot_mixers(rows, out_dir / "mixers.png", title)
 
-    if args.only in (None, "decoding"):
+    if "training" in args.only:
+        print(f"\n== training: full updates (forward + loss + backward + optimizer step) of the Multi30k CPU recipes, "
+              f"median of {args.train_repeats} after {args.train_warmup} warm-up")
+        res = training.run_training_benchmark(args.train_models, warmup=args.train_warmup, repeats=args.train_repeats,
+                                              max_tokens=args.train_max_tokens, device=args.device,
+                                              synthetic=args.synthetic, data_dir=args.data_dir)
+        rows, info = res["rows"], res["info"]
+        print(f"\ndata: {'; '.join(info['data']) or '-'}"
+              + ("" if info["same_batches"] else "  (WARNING: not the same batches for every model)"))
+        print(f"{info['device']}, {info['torch_threads']} threads; speed x = target tokens/s over "
+              f"{info['baseline']}'s, time x = ms/update over its, cpu x = CPU ms/update (process time, steadier "
+              "than the wall clock on a shared CPU) over its; measured in this run on the same batches\n")
+        print(training.format_table(rows))
+        write_csv(out_dir / "training.csv", training.as_dicts(rows))
+        report["training"] = {"info": info, "rows": training.as_dicts(rows)}
+        if any(r.ok for r in rows):
+            data = "synthetic batches" if info["data"] == [training.SYNTHETIC] else "Multi30k train batches"
+            training.plot(rows, out_dir / "training.png",
+                          f"training updates, {data}, {info['device']} ({info['torch_threads']} threads)")
+        failed_training = [r for r in rows if not r.ok]
+
+    if "decoding" in args.only:
         print("\n== decoding")
         res = decoding.run_decoding_benchmark(ckpt=args.ckpt, beams=tuple(args.beams), limit=args.limit,
                                               max_tokens=args.max_tokens, device=args.device, data_dir=args.data_dir,
@@ -217,6 +300,22 @@ def main(argv: list[str] | None = None) -> int:
             plot_decoding(res["rows"], out_dir / "decoding.png",
                           f"Multi30k val ({res['rows'][0].sentences} sent.), {res['info'][0]['device']}")
 
+    if "nat" in args.only:
+        print("\n== nat: DisCo/CMLM decoding against the autoregressive teacher")
+        res = decoding.run_nat_benchmark(nat_ckpt=args.nat_ckpt, teacher=args.nat_teacher, teacher_beam=args.teacher_beam,
+                                         limit=args.limit, batch1_limit=args.batch1_limit, max_tokens=args.max_tokens,
+                                         device=args.device, data_dir=args.data_dir, runs_dir=args.runs_dir,
+                                         length_beam=args.length_beam, max_iterations=args.max_iterations)
+        if res is None:
+            report["nat"] = {"skipped": f"no DisCo/CMLM checkpoint; {decoding.HOW_TO_TRAIN_NAT}"}
+        else:
+            print("\nspeed x = sentences/s over the teacher's with the same batching, measured in this run; cpu x = the "
+                  "same from process CPU time (steadier than the wall clock on a shared CPU)\n")
+            print(decoding.format_nat_table(res["rows"]))
+            write_csv(out_dir / "nat.csv", decoding.as_dicts(res["rows"]))
+            report["nat"] = {"info": res["info"], "rows": decoding.as_dicts(res["rows"])}
+            plot_nat(res["rows"], out_dir / "nat.png", f"Multi30k val, {res['info'][0]['device']}")
+
     report["seconds"] = time.perf_counter() - started
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"\nresults: {out_dir}  ({report['seconds']:.0f}s)")
@@ -225,8 +324,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         for r in failed:
             print(f"  {r.mixer} T={r.T}: {r.status}", file=sys.stderr)
-        return 1
-    return 0
+    if failed_training:
+        print(f"{len(failed_training)} training recipe(s) failed; no numbers reported for them:", file=sys.stderr)
+        for r in failed_training:
+            print(f"  {r.model}: {r.status}", file=sys.stderr)
+    return 1 if failed or failed_training else 0
 
 
 if __name__ == "__main__":

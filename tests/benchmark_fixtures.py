@@ -1,0 +1,57 @@
+"""Tiny, randomly initialized Multi30k checkpoints (the real recipes' configs, shrunk) and a tiny val set, for the
+benchmark tests: they load through ``generate.py``'s ``load_task`` like trained ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from seqmix.cli.common import build_task, to_container
+from seqmix.cli.resolvers import register_resolvers
+from seqmix.data.tokenizer import train_tokenizer
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+VAL_EN = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
+          "A girl is jumping into a pool.", "People are walking down a busy street.",
+          "A child eats an apple.", "A woman rides a bike on the road.", "Three men are playing music.",
+          "A black dog runs through the grass.", "A boy in a red jacket sits on a bench.",
+          "Two women talk at a table.", "A cat sleeps.", "The workers are building a house near the river."]
+VAL_DE = ["Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde spielen im Schnee.",
+          "Ein Mädchen springt in ein Schwimmbecken.", "Leute gehen eine belebte Straße entlang.",
+          "Ein Kind isst einen Apfel.", "Eine Frau fährt auf der Straße Fahrrad.", "Drei Männer machen Musik.",
+          "Ein schwarzer Hund rennt durch das Gras.", "Ein Junge in einer roten Jacke sitzt auf einer Bank.",
+          "Zwei Frauen unterhalten sich an einem Tisch.", "Eine Katze schläft.",
+          "Die Arbeiter bauen ein Haus in der Nähe des Flusses."]
+
+TINY_MODEL = ["model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1", "model.encoder.ffn_dim=32",
+              "model.decoder.ffn_dim=32", "model.encoder.mixer.num_heads=2", "model.decoder.mixer.num_heads=2",
+              "model.decoder.cross_attention_heads=2", "model.max_source_positions=64",
+              "model.max_target_positions=64"]
+
+
+def write_val(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "val.en").write_text("".join(s + "\n" for s in VAL_EN), encoding="utf-8")
+    (directory / "val.de").write_text("".join(s + "\n" for s in VAL_DE), encoding="utf-8")
+    return directory
+
+
+def tiny_tokenizer():
+    return train_tokenizer(VAL_EN + VAL_DE, vocab_size=200, min_frequency=1)
+
+
+def save_tiny_checkpoint(path: Path, experiment: str, tokenizer, overrides: list[str] = (), seed: int = 0) -> Path:
+    """``experiment``'s run config with a tiny model, random weights, saved as train.py's best.ckpt would be."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={experiment}", "logger=none",
+                                                      f"paths.output_dir={path.parent}", *TINY_MODEL, *overrides])
+    torch.manual_seed(seed)
+    task = build_task(cfg, tokenizer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in task.model.state_dict().items()},
+                "seqmix": {"config": to_container(cfg), "tokenizer": tokenizer.to_json(), "format": 1}}, path)
+    return path
