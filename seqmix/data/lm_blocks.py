@@ -81,6 +81,9 @@ class BlockDataset(torch.utils.data.Dataset):
 def make_blocks(lines: list[list[int]], eos: int, pad: int, tokens_per_sample: int, break_mode: str = "none",
                 context: int = 0) -> BlockDataset:
     """Encoded lines -> their stream -> samples (what the data module and ``generate.py`` both use)."""
+    if context and break_mode != "none":
+        raise SeqmixError(f"eval_context={context} needs break_mode=none: with break_mode={break_mode!r} every line "
+                          "is modelled alone, and earlier context would cross into the previous lines")
     ranges = block_ranges([len(ids) + 1 for ids in lines], tokens_per_sample, break_mode)
     return BlockDataset(token_stream(lines, eos), ranges, pad, context)
 

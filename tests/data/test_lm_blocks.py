@@ -79,3 +79,57 @@ def test_block_ranges_checks_its_settings():
         block_ranges([3], 0)
     with pytest.raises(SeqmixError, match="break_mode"):
         block_ranges([3], 4, "sentence")
+
+
+def eos_reference(data, tokens_per_sample):
+    """Independently: each line alone as ``[eos] + line`` -> ``line + [eos]``, cut every ``tokens_per_sample``."""
+    out = []
+    for ids in data:
+        inp, tgt = [EOS, *ids], [*ids, EOS]
+        for a in range(0, len(tgt), tokens_per_sample):
+            out.append((inp[a: a + tokens_per_sample], tgt[a: a + tokens_per_sample]))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tokens_per_sample", [1, 5, 16, 100])
+def test_eos_mode_models_every_line_alone(seed, tokens_per_sample):
+    """break_mode=eos (lm1b, Wu et al. 2019 §5.2): no sample reads a token of another line, so a line's samples
+    are the same whatever the other lines are."""
+    data = lines(seed, n=40)
+    ds = make_blocks(data, EOS, PAD, tokens_per_sample, "eos")
+    got = [(ds[i]["input"].tolist(), ds[i]["target"].tolist()) for i in range(len(ds))]
+    assert got == eos_reference(data, tokens_per_sample)
+    for inp, tgt in got:
+        assert EOS not in inp[1:] and EOS not in tgt[:-1]  # never across a boundary
+    shuffled = [data[i] for i in np.random.default_rng(seed).permutation(len(data))]
+    other = make_blocks(shuffled, EOS, PAD, tokens_per_sample, "eos")
+    key = sorted((ds[i]["input"].tolist(), ds[i]["target"].tolist()) for i in range(len(ds)))
+    assert key == sorted((other[i]["input"].tolist(), other[i]["target"].tolist()) for i in range(len(other)))
+
+
+@pytest.mark.parametrize("context", [1, 3, 50])
+@pytest.mark.parametrize("tokens_per_sample", [1, 4, 9])
+def test_context_scores_each_token_once_with_the_history_it_promises(context, tokens_per_sample):
+    """eval_context: every target once, and the input ending at a scored token holds exactly the
+    min(context + offset-in-block, position) tokens before it, read straight from the stream."""
+    data = lines(3)
+    ds = make_blocks(data, EOS, PAD, tokens_per_sample, "none", context=context)
+    stream = token_stream(data, EOS)
+    seen = []
+    for i in range(len(ds)):
+        s = ds[i]
+        a, b = (int(v) for v in ds.ranges[i])
+        c = min(a - 1, context)
+        assert torch.equal(s["input"], stream[a - 1 - c: b - 1])
+        assert s["target"][:c].eq(PAD).all() and torch.equal(s["target"][c:], stream[a:b])
+        seen += list(range(a, b))
+    assert seen == list(range(1, len(stream)))
+
+
+def test_context_is_refused_in_eos_mode():
+    """With break_mode=eos earlier context would cross into other lines (it used to, silently, in
+    generate.py eval_context=N on an lm1b model)."""
+    with pytest.raises(SeqmixError, match="break_mode=none"):
+        make_blocks([[5, 6], [7]], EOS, PAD, 4, "eos", context=2)
+    assert len(make_blocks([[5, 6], [7]], EOS, PAD, 4, "eos", context=0)) == 2

@@ -104,3 +104,30 @@ def test_encoded_splits_are_cached(tmp_path):
     second = module(LocalTextSource(str(data)), tmp_path)
     second.setup()
     assert torch.equal(first.datasets["train"].stream, second.datasets["train"].stream)
+
+
+@pytest.mark.parametrize("split,shuffle", [("train", True), ("valid", False)])
+def test_ranks_see_distinct_blocks_that_cover_the_split(tmp_path, split, shuffle):
+    """Two DDP ranks (simulated): equal batch counts, no block on both ranks except whole repeated batches
+    (padding for equal counts), and together every block, so every token, exactly once."""
+    from types import SimpleNamespace
+
+    data = write_splits(tmp_path / "d", train=TEXT * 7, valid=TEXT * 5)
+    dm = module(LocalTextSource(str(data)), tmp_path, tokens_per_sample=3, eval_context=2, max_tokens=12)
+    dm.setup()
+    ds = dm.datasets[split]
+    per_rank = []
+    try:
+        for rank in (0, 1):
+            dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+            per_rank.append([tuple(b["id"].tolist()) for b in dm.dataloader(split, shuffle=shuffle)])
+    finally:
+        dm.trainer = None
+    assert len(per_rank[0]) == len(per_rank[1]) > 1
+    shared = set(per_rank[0]) & set(per_rank[1])
+    assert len(shared) <= 1  # at most the one batch repeated to even out the counts
+    distinct = set(per_rank[0]) | set(per_rank[1])
+    ids = sorted(i for batch in distinct for i in batch)
+    assert ids == list(range(len(ds)))
+    tokens = torch.cat([ds[i]["target"][ds[i]["target"].ne(dm.tokenizer.pad)] for i in ids])
+    assert torch.equal(tokens, ds.stream[1:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,3 +88,63 @@ def test_tying_needs_the_same_cutoffs():
     emb = AdaptiveInput(V, PAD, D, [10])
     with pytest.raises(SeqmixError, match="same cutoffs"):
         AdaptiveSoftmax(D, V, [10, 30], bands=emb.bands)
+
+
+@pytest.mark.parametrize("cutoffs,factor", [([10], 2.0), ([10, 30], 4.0), ([5, 20, 40], 2.0)])
+def test_log_probs_equal_torch_adaptive_log_softmax_float64(cutoffs, factor):
+    """An independent implementation: torch.nn.AdaptiveLogSoftmaxWithLoss given the same weights (head = band 0's
+    vectors + the cluster rows; tail i = band i's projection (transposed) then its vectors), in float64."""
+    emb, head = tied(cutoffs, factor)
+    head.double()
+    ref = torch.nn.AdaptiveLogSoftmaxWithLoss(D, V, cutoffs, div_value=factor, head_bias=False).double().eval()
+    with torch.no_grad():
+        ref.head.weight.copy_(torch.cat([head.bands[0].embed.weight, head.cluster.weight]))
+        for tail, band in zip(ref.tail, head.bands[1:]):
+            tail[0].weight.copy_(band.proj.weight.t())
+            tail[1].weight.copy_(band.embed.weight)
+    x = torch.randn(11, D, dtype=torch.float64)
+    expect = ref.log_prob(x)
+    assert torch.allclose(head.log_probs(x), expect, atol=1e-12, rtol=0)
+    target = torch.randint(0, V, (11,))
+    target[target == PAD] = 0
+    assert torch.allclose(head.nll(x, target, ignore_index=PAD), -ref(x, target).output, atol=1e-12, rtol=0)
+
+
+def _lm(tie: bool, cutoffs=(10, 30), seed=0):
+    from seqmix.mixers import SelfAttention
+    from seqmix.models import DecoderOnly
+
+    torch.manual_seed(seed)
+    return DecoderOnly(V, PAD, D, dict(layers=1, ffn_dim=32, mixer=functools.partial(SelfAttention, num_heads=2)),
+                       dropout=0.0, input_cutoffs=cutoffs, softmax_cutoffs=cutoffs, adaptive_factor=4.0,
+                       tie_weights=tie)
+
+
+def _band_params(module) -> list:
+    return [p for b in module.bands for p in ([b.embed.weight] + ([b.proj.weight] if b.proj is not None else []))]
+
+
+@pytest.mark.parametrize("cutoffs", [(), (10, 30)])
+def test_decoder_only_ties_every_band_through_training_and_checkpoints(cutoffs):
+    """Tied = the same Parameter objects (vectors and projections): a loss on the softmax alone moves the input
+    embedding, the optimizer sees each tensor once, and a state-dict round trip keeps the tie."""
+    model = _lm(True, cutoffs)
+    inp, out = _band_params(model.decoder.embed_tokens), _band_params(model.output)
+    assert len(inp) == len(out) == (1 if not cutoffs else 5) and all(a is b for a, b in zip(inp, out))
+    names = [n for n, _ in model.named_parameters()]
+    assert not any(n.startswith("output.bands") for n in names)  # listed once, under the input embedding
+    before = [p.detach().clone() for p in inp]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    features = torch.randn(4, 6, D)  # not from the embedding: only the tie can move it
+    model.nll(features, torch.randint(2, V, (4, 6))).sum().backward()
+    opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, inp))
+    fresh = _lm(True, cutoffs, seed=1)
+    fresh.load_state_dict(model.state_dict())
+    assert all(a is b for a, b in zip(_band_params(fresh.decoder.embed_tokens), _band_params(fresh.output)))
+    with torch.no_grad():
+        fresh.decoder.embed_tokens.bands[-1].embed.weight.mul_(2.0)
+    assert torch.equal(fresh.output.bands[-1].embed.weight, fresh.decoder.embed_tokens.bands[-1].embed.weight)
+    untied = _lm(False, cutoffs)
+    assert not any(a is b for a, b in zip(_band_params(untied.decoder.embed_tokens), _band_params(untied.output)))
+    assert count_parameters(untied) - count_parameters(model) == sum(p.numel() for p in out)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from seqmix.data import LanguageModelingDataModule, LocalTextSource
 from seqmix.data.lm_blocks import token_stream
+from seqmix.errors import SeqmixError
 from seqmix.mixers import DynamicConv, SelfAttention
 from seqmix.models import DecoderOnly
 from seqmix.tasks import LanguageModelingTask
@@ -91,3 +92,42 @@ def test_optimizer_steps_lower_the_loss_on_real_wikitext2_batches(dm):
     assert ntok == int(batch["target"].ne(dm.tokenizer.pad).sum()) > 0
     assert losses[0] == pytest.approx(math.log(dm.tokenizer.vocab_size), rel=0.15)  # about uniform at first
     assert losses[-1] < losses[0] - 1.0, losses
+
+
+LINES = ["the cat sat on the mat .", "a dog ran .", "", "the cat ran on the mat and the dog sat on the cat .",
+         "on the mat", "a cat ."]
+
+
+def full_softmax_nll(model, inp: list[int], tgt: list[int]) -> float:
+    """-sum log p(tgt | inp prefix) from the features and the tied table, with a plain log-softmax (float64)."""
+    with torch.no_grad():
+        feats = model(torch.tensor([inp]))[0]
+        lp = F.log_softmax(feats @ model.decoder.embed_tokens.weight.t(), dim=-1)
+        return -float(lp.gather(1, torch.tensor(tgt).unsqueeze(1)).sum())
+
+
+@pytest.mark.parametrize("tokens_per_sample", [3, 64])
+def test_eos_mode_perplexity_is_every_line_scored_alone(tokens_per_sample):
+    """break_mode=eos: the split's NLL is the sum of each line's NLL computed alone from [</s>] + line, in chunks
+    of tokens_per_sample (float64, independent full softmax); break_mode=none (history across lines) differs."""
+    from seqmix.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(LINES, vocab_size=100, kind="word", min_frequency=1)
+    task = tiny_task(tok, cutoffs=(), tokens_per_sample=tokens_per_sample, break_mode="eos").double().eval()
+    _, report = task.evaluate_texts(LINES, None, max_tokens=64)
+    nll, count = 0.0, 0
+    for line in LINES:
+        ids = [tok.eos, *tok.encode(line), tok.eos]
+        for a in range(0, len(ids) - 1, tokens_per_sample):
+            b = min(a + tokens_per_sample, len(ids) - 1)
+            nll += full_softmax_nll(task.model, ids[a:b], ids[a + 1: b + 1])
+            count += b - a
+    assert count == sum(len(line.split()) + 1 for line in LINES)
+    assert report.score == pytest.approx(math.exp(nll / count), rel=1e-10)
+    assert f"over {count} words" in report.details[0] and "break_mode=eos" in report.details[0]
+    task.break_mode = "none"
+    _, across = task.evaluate_texts(LINES, None, max_tokens=64)
+    assert across.score != pytest.approx(report.score, rel=1e-4)
+    task.break_mode = "eos"
+    with pytest.raises(SeqmixError, match="break_mode=none"):
+        task.evaluate_texts(LINES, None, max_tokens=64, eval_context=4)
