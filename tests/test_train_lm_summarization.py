@@ -49,16 +49,16 @@ def test_wikitext2_trains_reports_perplexity_and_generate_scores_text(tmp_path, 
 def test_dialogsum_trains_reports_rouge_with_lead3_and_generate_decodes(tmp_path):
     train = run("train.py", [*SUM_TINY, "model=lightconv_small", "run_test=true"], tmp_path / "t")
     assert train.returncode == 0, describe(train)
-    printed(train, r"^valid ROUGE-1/2/L: [0-9.]+/[0-9.]+/[0-9.]+$")
-    lead = printed(train, r"^lead-3 baseline: ROUGE-1/2/L F1 ([0-9.]+)/([0-9.]+)/([0-9.]+) \(rouge-score, stemming on, "
-                          r"500 examples")
+    printed(train, r"^valid ROUGE-1/2/L/Lsum: [0-9.]+/[0-9.]+/[0-9.]+/[0-9.]+$")
+    lead = printed(train, r"^lead-3 baseline: ROUGE-1/2/L/Lsum F1 ([0-9.]+)/([0-9.]+)/([0-9.]+)/([0-9.]+) "
+                          r"\(rouge-score, stemming on, 500 examples")
     assert 15 < float(lead.group(1)) < 50  # the first turns share words with the summaries
     best = next(p for p in checkpoints(tmp_path / "t") if p.name == "best.ckpt")
     gen = run("generate.py", [f"ckpt_path={best}", "split=valid", "beam_size=2", "max_len_b=8"], tmp_path / "g")
     assert gen.returncode == 0, describe(gen)
     hyp_file = Path(printed(gen, r"^hypotheses: (.+)$").group(1))
     assert len(hyp_file.read_text().splitlines()) == 500
-    printed(gen, r"^ROUGE-1/2/L: [0-9.]+/[0-9.]+/[0-9.]+$")
+    printed(gen, r"^ROUGE-1/2/L/Lsum: [0-9.]+/[0-9.]+/[0-9.]+/[0-9.]+$")
     assert lead.group(0) in gen.stdout  # the same baseline, scored the same way
 
 

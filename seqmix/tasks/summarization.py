@@ -3,7 +3,9 @@
 Training, decoding and checkpoints are the translation task's. What differs is in the config: the data module
 truncates documents (``task.data.truncate_source``), and ``task.generation`` bounds the summary length
 (``min_len_b``/``max_len_b``), blocks repeated trigrams (``no_repeat_ngram_size: 3``) and applies the length
-penalty stepwise (``stepwise_len_penalty``). ROUGE-1/2/L F1 use every reference an example has.
+penalty stepwise (``stepwise_len_penalty``). ROUGE-1/2/L/Lsum F1 use every reference an example has (see
+``seqmix.metrics.rouge``): ``rougeL`` is sentence-level, ``rougeLsum`` summary-level (the ROUGE-L that CNN-DM
+papers report). The main score (``task.monitor``'s ``val/rougeL``) stays the sentence-level one; both are logged.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ class SummarizationTask(TranslationTask):
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         result = corpus_rouge(hypotheses, references, self.stemming)
         baseline = self.lead_baseline(sources, references)
-        return Report(result.rougeL, f"ROUGE-1/2/L: {result.scores()}",
+        return Report(result.rougeL, f"{result.LABEL}: {result.scores()}",
                       [f"rouge: {result}", f"lead-{self.lead_sentences} baseline: {baseline}"],
-                      metrics={"rouge1": result.rouge1, "rouge2": result.rouge2, "rougeL": result.rougeL})
+                      metrics=result.metrics())
 
     def lead_baseline(self, sources: list[str], references: list[list[str]]) -> RougeResult:
         """The first sentences (or dialogue turns) of each whole source, normalized and scored exactly like the
