@@ -135,15 +135,20 @@ class MultiStepAttention(nn.Module):
 
 
 class GLUBlock(nn.Module):
-    """[project residual] → GLU conv mixer (zero pads, dropout, conv, GLU) → [attention] → (x + residual)·√0.5."""
+    """[project residual] → GLU conv mixer (zero pads, dropout, conv, GLU) → [attention] → (x + residual)·√0.5.
+
+    Without attention the residual goes into the mixer, which adds it right after the GLU: the decoder step
+    then runs conv, GLU and residual as one kernel on CUDA (with attention in between, only conv + GLU fuse).
+    """
 
     def __init__(self, n_in: int, spec: LayerSpec, residual_dim: int | None, causal: bool, dropout: float,
-                 attention_embed_dim: int | None = None) -> None:
+                 attention_embed_dim: int | None = None, kernel_backend: str = "auto") -> None:
         super().__init__()
         self.lookback = spec.lookback
         self.projection = (linear(residual_dim, spec.width)
                            if residual_dim is not None and residual_dim != spec.width else None)
-        self.conv = GLUConv(n_in, spec.kernel, causal, out_dim=spec.width, input_dropout=dropout)
+        self.conv = GLUConv(n_in, spec.kernel, causal, out_dim=spec.width, input_dropout=dropout,
+                            kernel_backend=kernel_backend)
         self.attention = MultiStepAttention(spec.width, attention_embed_dim) if attention_embed_dim else None
 
     def forward(self, outputs: list[Tensor], key_padding_mask: Tensor | None = None,
@@ -153,9 +158,10 @@ class GLUBlock(nn.Module):
         residual = outputs[-self.lookback] if self.lookback else None
         if residual is not None and self.projection is not None:
             residual = self.projection(residual)
+        if self.attention is None:
+            return self.conv(outputs[-1], key_padding_mask=key_padding_mask, state=state, residual=residual)
         x = self.conv(outputs[-1], key_padding_mask=key_padding_mask, state=state)
-        if self.attention is not None:
-            x = self.attention(x, target_embedding, memory)
+        x = self.attention(x, target_embedding, memory)
         return x if residual is None else (x + residual) * SQRT_HALF
 
 
@@ -164,7 +170,7 @@ class ConvStack(nn.Module):
     → linear to ``out_dim``. The encoder and the decoder are two of these."""
 
     def __init__(self, embed_tokens: nn.Embedding, max_positions: int, layers: list[LayerSpec], dropout: float,
-                 causal: bool, out_dim: int, attention: list[bool] | None = None) -> None:
+                 causal: bool, out_dim: int, attention: list[bool] | None = None, kernel_backend: str = "auto") -> None:
         super().__init__()
         embed_dim = embed_tokens.embedding_dim
         self.padding_idx = embed_tokens.padding_idx
@@ -179,7 +185,7 @@ class ConvStack(nn.Module):
             residual_dim = widths[-spec.lookback] if spec.lookback else None
             attend = attention is not None and attention[i]
             self.blocks.append(GLUBlock(widths[-1], spec, residual_dim, causal, dropout,
-                                        embed_dim if attend else None))
+                                        embed_dim if attend else None, kernel_backend))
             widths.append(spec.width)
         self.fc2 = linear(widths[-1], out_dim)
 
@@ -198,13 +204,15 @@ class ConvS2S(nn.Module):
     """The ConvS2S encoder-decoder (Gehring et al. 2017), same interface as ``EncoderDecoder``.
 
     ``encoder``: ``{embed_dim, layers}``; ``decoder``: ``{embed_dim, layers, out_embed_dim, attention}``
-    with ``attention`` one bool for every layer or a list with one per layer.
+    with ``attention`` one bool for every layer or a list with one per layer. ``kernel_backend``
+    (auto | triton | torch): the decoder's incremental step on CUDA tensors runs the fused Triton kernel
+    (``triton_kernels.convs2s``); CPU and full-sequence passes always use PyTorch.
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int, encoder: dict, decoder: dict,
                  dropout: float = 0.1, max_source_positions: int = 1024, max_target_positions: int = 1024,
                  share_all_embeddings: bool = False, share_decoder_input_output_embed: bool = False,
-                 name: str | None = None) -> None:
+                 name: str | None = None, kernel_backend: str = "auto") -> None:
         super().__init__()
         self.name = name
         self.padding_idx = padding_idx
@@ -230,7 +238,7 @@ class ConvS2S(nn.Module):
         self.encoder = ConvStack(enc_embed, max_source_positions, enc_layers, dropout, causal=False,
                                  out_dim=enc["embed_dim"])
         self.decoder = ConvStack(dec_embed, max_target_positions, dec_layers, dropout, causal=True,
-                                 out_dim=out_embed_dim, attention=attention)
+                                 out_dim=out_embed_dim, attention=attention, kernel_backend=kernel_backend)
         # §3.4: the encoder gets a gradient from every attention layer; scaled down in backward only
         self.encoder_grad_scale = 1.0 / (2.0 * sum(attention))
         if share_decoder_input_output_embed:
@@ -254,8 +262,8 @@ class ConvS2S(nn.Module):
 
     # --- decoder -------------------------------------------------------------------------------
     def init_decoder_state(self, encoder_out: EncoderOut) -> DecoderState:
-        """One convolution window per decoder block, plus the step count for positions."""
-        return DecoderState(blocks=[WindowState() for _ in self.decoder.blocks])
+        """One convolution window (and folded weight) per decoder block, plus the step count for positions."""
+        return DecoderState(blocks=[block.conv.init_state() for block in self.decoder.blocks])
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None
                ) -> Tensor:
