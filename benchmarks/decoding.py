@@ -112,6 +112,23 @@ def checkpoint_meta(path: Path) -> tuple[str | None, str | None]:
     return (None, None) if info is None else (info["task"], info["model"])
 
 
+def _given_or_found(ckpt, runs_dir, nat: bool, log) -> list | None:
+    """The checkpoints passed (one path or a list), else the newest found under the runs folders; None, after
+    saying how to make one, when there are none."""
+    if ckpt is not None:
+        return [ckpt] if isinstance(ckpt, (str, Path)) else list(ckpt)
+    found = find_checkpoints(runs_dir, nat=nat)
+    if not found:
+        where = ', '.join(map(str, _runs_dirs(runs_dir)))
+        if nat:
+            log(f"nat: no DisCo/CMLM {TASK_NAME} checkpoint under {where}; skipped. Make one: {HOW_TO_TRAIN_NAT}")
+        else:
+            log(f"decoding: no autoregressive {TASK_NAME} checkpoint under {where}; skipped. "
+                f"Make one with:\n    {HOW_TO_TRAIN}")
+        return None
+    return found
+
+
 def _runs_dirs(runs_dir) -> list[Path]:
     if runs_dir is None:
         return [default_runs_dir()]
@@ -279,14 +296,9 @@ def run_decoding_benchmark(ckpt: str | Path | list | None = None, beams: tuple[i
                            data_dir: str | Path | None = None, runs_dir=None, log=print) -> dict | None:
     """Speed and BLEU per (autoregressive checkpoint, beam); None (after saying how to make a checkpoint) when
     there is none. ``ckpt``: one path, a list, or None for :func:`find_checkpoints`."""
-    if ckpt is None:
-        ckpts = find_checkpoints(runs_dir)
-        if not ckpts:
-            log(f"decoding: no autoregressive {TASK_NAME} checkpoint under "
-                f"{', '.join(map(str, _runs_dirs(runs_dir)))}; skipped. Make one with:\n    {HOW_TO_TRAIN}")
-            return None
-    else:
-        ckpts = [ckpt] if isinstance(ckpt, (str, Path)) else list(ckpt)
+    ckpts = _given_or_found(ckpt, runs_dir, nat=False, log=log)
+    if ckpts is None:
+        return None
     infos, rows = [], []
     for path in ckpts:
         res = decode_checkpoint(Path(path), beams, limit, max_tokens, device, data_dir, log)
@@ -391,14 +403,9 @@ def run_nat_benchmark(nat_ckpt: str | Path | list | None = None, teacher: str | 
     Rows are ordered batching first (batch 1, then full), the teacher first within each; ``speed x`` is a row's
     sentences/s over the teacher's at the same batching (None without a teacher)."""
     dev = _device(device)
-    if nat_ckpt is None:
-        nat_ckpts = find_checkpoints(runs_dir, nat=True)
-        if not nat_ckpts:
-            log(f"nat: no DisCo/CMLM {TASK_NAME} checkpoint under {', '.join(map(str, _runs_dirs(runs_dir)))}; "
-                f"skipped. Make one: {HOW_TO_TRAIN_NAT}")
-            return None
-    else:
-        nat_ckpts = [nat_ckpt] if isinstance(nat_ckpt, (str, Path)) else list(nat_ckpt)
+    nat_ckpts = _given_or_found(nat_ckpt, runs_dir, nat=True, log=log)
+    if nat_ckpts is None:
+        return None
     teacher = Path(teacher) if teacher else default_teacher(runs_dir, log)
     # (max_sentences, how many of the first val sentences): the dataset is already cut at ``limit``
     batchings = [(1, batch1_limit or None), (None, None)]

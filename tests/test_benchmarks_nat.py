@@ -14,18 +14,14 @@ import torch
 from benchmarks import decoding
 from benchmarks import run as bench_run
 from seqmix.errors import SeqmixError
-from tests.benchmark_fixtures import save_tiny_checkpoint, tiny_tokenizer, write_val
+from tests.benchmark_fixtures import (
+    one_thread,  # noqa: F401  (autouse fixture)
+    save_tiny_checkpoint,
+    tiny_tokenizer,
+    write_val,
+)
 
 MAX_ITER = 3
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small ops on a shared CPU are many times faster on one thread; restored for the rest of the session."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,9 @@ import torch
 from benchmarks import run as bench_run
 from benchmarks import training
 from seqmix.cli.common import build_task, count_parameters, task_class
+from tests.benchmark_fixtures import one_thread  # noqa: F401  (autouse fixture)
 
 SMALL = dict(warmup=0, repeats=2, max_tokens=64, device="cpu", synthetic=True, log=lambda *_: None)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small ops on a shared CPU are many times faster on one thread; restored for the rest of the session."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_recipes_compose_as_train_py_would():
