@@ -62,12 +62,28 @@ def mean_logprob(logp: Tensor, real: Tensor) -> Tensor:
     return (logp * real).sum(dim=-1) / real.sum(dim=-1).clamp(min=1)
 
 
-def _predict(model, tokens: Tensor, encoder_out, observed: Tensor, banned: list[int]) -> tuple[Tensor, Tensor]:
-    """Most probable allowed token at every position and its log-probability (fp32)."""
-    lprobs = F.log_softmax(model.predict(tokens, encoder_out, observed).float(), dim=-1)
-    lprobs[..., banned] = float("-inf")
-    logp, tok = lprobs.max(dim=-1)
-    return tok, logp
+def _predict(model, tokens: Tensor, encoder_out, observed: Tensor, banned: list[int],
+             queries: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Most probable allowed token at every position (or at ``queries`` (B, Q)) and its log-probability (fp32).
+
+    log p(best) = its logit - logsumexp over the whole vocabulary: the same numbers as a log-softmax, without
+    writing one (the (rows, T, V) output dominates a decoder pass at batch size 1)."""
+    extra = {} if queries is None else {"queries": queries}
+    logits = model.predict(tokens, encoder_out, observed, **extra).float()
+    normalizer = logits.logsumexp(dim=-1)
+    logits[..., banned] = float("-inf")
+    best, tok = logits.max(dim=-1)
+    return tok, best - normalizer
+
+
+def stale_queries(stale: Tensor) -> Tensor:
+    """(B, Q) positions of the True entries of ``stale`` (B, T), each row's first; short rows repeat their first
+    position (recomputing a position twice writes the same result twice). Every row needs one True entry."""
+    order = (~stale).to(torch.uint8).argsort(dim=1, stable=True)
+    count = stale.sum(dim=1, keepdim=True)
+    queries = order[:, : int(count.max())]
+    slot = torch.arange(queries.size(1), device=stale.device).unsqueeze(0)
+    return torch.where(slot < count, queries, queries[:, :1])
 
 
 class IterativeDecoder:
@@ -89,6 +105,8 @@ class IterativeDecoder:
             raise ValueError(f"parallel easy-first needs per-query contexts (model=disco); {type(model).__name__} "
                              "decodes with mask_predict")
         encoder_out, length_logits = model.encode(src_tokens)
+        if hasattr(model, "with_cross_cache"):
+            encoder_out = model.with_cross_cache(encoder_out)
         cap = None
         if self.max_len_a is not None:
             src_len = src_tokens.ne(model.padding_idx).sum(dim=1) - 1  # without the source eos
@@ -144,14 +162,31 @@ def easy_first_contexts(logp: Tensor, real: Tensor) -> Tensor:
     return (rank.unsqueeze(1) < rank.unsqueeze(2)) & real.unsqueeze(1)
 
 
+def _repredict(model, tokens: Tensor, logp: Tensor, encoder_out, observed: Tensor, banned: list[int],
+               stale: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens, logp) with the ``stale`` (B, T) positions re-predicted and the others kept; rows without a stale
+    position cost nothing, and neither do pads, eos or fresh positions (DisCo queries are independent)."""
+    tokens, logp = tokens.clone(), logp.clone()
+    busy = stale.any(dim=1).nonzero().squeeze(1)
+    if busy.numel():
+        queries = stale_queries(stale[busy])
+        tok, lp = _predict(model, tokens[busy], encoder_out.index_select(busy), observed[busy], banned, queries)
+        tokens[busy] = tokens[busy].scatter(1, queries, tok)
+        logp[busy] = logp[busy].scatter(1, queries, lp)
+    return tokens, logp
+
+
 def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: bool = False) -> NATResult:
-    """Parallel easy-first over the length beam ``lengths`` (B, l); see the module docstring."""
+    """Parallel easy-first over the length beam ``lengths`` (B, l); see the module docstring.
+
+    A pass recomputes only the stale positions, those whose observed set holds a token that the previous pass
+    changed: the others would get exactly their previous prediction back."""
     b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
     banned = model.banned_tokens()
     first_context = torch.zeros(real.shape + real.shape[-1:], dtype=torch.bool, device=real.device)
-    tok, lp = _predict(model, tokens, enc, first_context, banned)
-    tokens = torch.where(real, tok, tokens)
-    logp = lp.masked_fill(~real, 0.0)
+    tokens, logp = _repredict(model, tokens, torch.zeros(real.shape, device=real.device), enc, first_context,
+                              banned, real)
+    changed = real.clone()  # every real position now holds a token instead of the placeholder
     history = [(tokens.clone(), logp.clone())] if trace else []
     contexts = easy_first_contexts(logp, real)
     best = mean_logprob(logp, real).view(b, k).argmax(dim=1)
@@ -162,10 +197,10 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
         if sources.numel() == 0:
             break
         rows = (sources.unsqueeze(1) * k + torch.arange(k, device=sources.device)).reshape(-1)
-        before, r = tokens[rows], real[rows]
-        tok, lp = _predict(model, before, enc.index_select(rows), contexts[rows], banned)
-        after = torch.where(r, tok, before)
-        lp = lp.masked_fill(~r, 0.0)
+        before, r, seen = tokens[rows], real[rows], contexts[rows]
+        stale = (seen & changed[rows].unsqueeze(1)).any(dim=-1) & r
+        after, lp = _repredict(model, before, logp[rows], enc.index_select(rows), seen, banned, stale)
+        changed[rows] = after != before
         tokens[rows], logp[rows] = after, lp
         kstar = mean_logprob(lp, r).view(-1, k).argmax(dim=1)
         pick = torch.arange(sources.numel(), device=sources.device) * k + kstar

@@ -23,12 +23,16 @@ class EncoderOut:
     out: Tensor  # (B, S, C)
     padding_mask: Tensor  # (B, S) True at pads
     embedded: Tensor | None = None  # token+position embeddings (B, S, C), for models that attend to them
+    # per decoder layer, cross-attention keys/values (B, H, S, d) projected once for decoders that run many passes
+    cross_kv: list[tuple[Tensor, Tensor]] | None = None
 
     def index_select(self, index: Tensor) -> EncoderOut:
         return EncoderOut(
             self.out.index_select(0, index),
             self.padding_mask.index_select(0, index),
             index_select_batch(self.embedded, index),
+            None if self.cross_kv is None else [(k.index_select(0, index), v.index_select(0, index))
+                                                for k, v in self.cross_kv],
         )
 
 

@@ -11,10 +11,13 @@ eos, pads); ``observed`` is either per query (B, T, T) or shared by every query 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.models.blocks import BlockState
 from seqmix.models.encoder_decoder import EncoderOut, Stack, _stack_settings
 from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
 
@@ -119,6 +122,12 @@ class DisCoTransformer(NATModel):
         return (disco_observed(target, self.padding_idx, self.eos, generator),
                 real_positions(target, self.padding_idx, self.eos))
 
+    def with_cross_cache(self, encoder_out: EncoderOut) -> EncoderOut:
+        """``encoder_out`` with every decoder layer's cross-attention keys/values, projected once: iterative
+        decoding then skips that projection in each pass (it rides along ``index_select``)."""
+        kv = [layer.cross_attn.project_kv(encoder_out.out, encoder_out.out) for layer in self.decoder.layers]
+        return dataclasses.replace(encoder_out, cross_kv=kv)
+
     def per_query_observed(self, tokens: Tensor, observed: Tensor) -> Tensor:
         """(B, T, T) contexts: a shared (B, T) set is seen by every query except at its own position; eos always."""
         if observed.dim() == 2:
@@ -126,18 +135,26 @@ class DisCoTransformer(NATModel):
             observed = observed.unsqueeze(1) & ~eye
         return observed | tokens.eq(self.eos).unsqueeze(1)
 
-    def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor) -> Tensor:
+    def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor, queries: Tensor | None = None
+                ) -> Tensor:
+        """``queries`` (B, Q): predict only these positions (logits (B, Q, V)). Exact, because a DisCo query never
+        reads another query's hidden state: its keys/values are the embeddings of its observed tokens."""
         dec = self.decoder
         padding_mask = tokens.eq(self.padding_idx)
         positions = dec.embed_positions(tokens)
         context = dec.dropout(dec.embed_scale * dec.embed_tokens(tokens) + positions)
-        x = dec.dropout(positions)
         observed = self.per_query_observed(tokens, observed)
+        if queries is not None:
+            positions = positions.gather(1, queries.unsqueeze(-1).expand(-1, -1, positions.size(-1)))
+            observed = observed.gather(1, queries.unsqueeze(-1).expand(-1, -1, observed.size(-1)))
+        x = dec.dropout(positions)
         kpm = padding_mask if padding_mask.any() else None
         enc_mask = self._encoder_mask(encoder_out)
-        for layer in dec.layers:
+        cached = encoder_out.cross_kv or [(None, None)] * len(dec.layers)
+        for layer, (cross_k, cross_v) in zip(dec.layers, cached):
+            state = None if cross_k is None else BlockState(mixer=None, cross_k=cross_k, cross_v=cross_v)
             x = layer(x, key_padding_mask=kpm, encoder_out=encoder_out.out, encoder_padding_mask=enc_mask,
-                      context=context, observed=observed)
+                      state=state, context=context, observed=observed)
         return self.output_layer(dec.finish(x))
 
 

@@ -45,24 +45,29 @@ class Scripted:
         out = torch.arange(b, dtype=torch.float64).view(b, 1, 1)  # the source id travels with the rows
         return EncoderOut(out, torch.zeros(b, 1, dtype=torch.bool)), torch.stack([self.lengths[i] for i in range(b)])
 
-    def predict(self, tokens, encoder_out, observed):
+    def predict(self, tokens, encoder_out, observed, queries=None):
         rows, t = tokens.shape
         if observed.dim() == 2:
             observed = observed.unsqueeze(1).expand(rows, t, t)
-        logits = torch.full((rows, t, V), 0.0, dtype=torch.float64)
         real = tokens.ne(PAD) & tokens.ne(EOS)
+        if queries is None:
+            queries = torch.arange(t).expand(rows, t)
+        logits = torch.full((rows, queries.size(1), V), 0.0, dtype=torch.float64)
         call = {"rows": rows, "seen": []}
         for r in range(rows):
             src = int(encoder_out.out[r, 0, 0])
             n_real = int(real[r].sum())
             seen_row = []
-            for n in range(n_real):
+            for slot, n in enumerate(queries[r].tolist()):
+                if n >= n_real:
+                    continue
                 seen = {m: int(tokens[r, m]) for m in range(n_real) if observed[r, n, m]}
-                seen_row.append(set(seen))
+                if slot == 0 or n not in queries[r, :slot].tolist():
+                    seen_row.append(set(seen))
                 tok, p = self.rules[src](n, {m: w for m, w in seen.items() if m != n}, n_real)
                 row = torch.full((V,), math.log((1 - p) / (V - 1)), dtype=torch.float64)
                 row[tok] = math.log(p)
-                logits[r, n] = row
+                logits[r, slot] = row
             call["seen"].append(seen_row)
         self.calls.append(call)
         return logits
@@ -94,7 +99,9 @@ def test_easy_first_step_by_step():
     # pass 1 sees only eos: A D A (confidences .9 .6 .4 fix the order 0, 1, 2)
     # pass 2: 0 sees nothing -> A; 1 sees A -> B; 2 sees A, D -> A.  pass 3: 2 sees A, B -> C.  pass 4: unchanged
     assert passes == [[A, D, A], [A, B, A], [A, B, C], [A, B, C]]
-    assert [c["seen"][0] for c in model.calls] == [[set(), set(), set()]] + [[set(), {0}, {0, 1}]] * 3
+    # only stale positions are recomputed: pass 2 skips position 0 (it observes nothing new), pass 3 only
+    # recomputes 2 (the one observing the changed position 1), pass 4 nothing (nobody observes position 2)
+    assert [c["seen"][0] for c in model.calls] == [[set(), set(), set()], [{0}, {0, 1}], [{0, 1}]]
     assert res.tokens[0].tolist() == [A, B, C] and res.iterations.tolist() == [4]
     assert res.scores[0].item() == pytest.approx((math.log(0.9) + math.log(0.8) + math.log(0.7)) / 3)
 
@@ -109,7 +116,7 @@ def test_easy_first_stops_at_max_iterations():
 def test_easy_first_early_stop_per_source_and_finished_sources_leave_the_batch():
     model, res = decode("easy_first", [constant_rule, chain_rule], [length_logits(5), length_logits(4)])
     assert res.iterations.tolist() == [2, 4]  # the constant source converges at its first refinement
-    assert [c["rows"] for c in model.calls] == [2, 2, 1, 1]
+    assert [c["rows"] for c in model.calls] == [2, 2, 1]  # pass 4 of the chain source has nothing stale
     assert res.tokens[1].tolist() == [A, B, C]
 
 

@@ -105,3 +105,95 @@ def test_init_is_normal_002_and_embeddings_are_tied():
     assert abs(float(w.std()) - 0.02) < 0.005 and float(model.decoder.layers[0].ffn.fc1.bias.detach().abs().max()) == 0
     assert model.encoder.embed_tokens is model.decoder.embed_tokens is model.embed_tokens
     assert float(model.embed_tokens.weight.detach()[PAD].abs().max()) == 0
+
+
+def test_disco_predict_on_a_query_subset_or_with_cached_cross_attention_equals_the_full_pass():
+    model = tiny(DisCoTransformer, DisCoAttention, layers=3)
+    gen = torch.Generator().manual_seed(5)
+    src = torch.randint(4, V, (3, 7), generator=gen)
+    target = sample_target(gen)
+    observed = disco_observed(target, PAD, EOS, gen)
+    enc, _ = model.encode(src)
+    full = model.predict(target, enc, observed)
+    queries = torch.tensor([[6, 0, 3], [4, 4, 1], [1, 0, 0]])  # any order, repeats allowed
+    part = model.predict(target, enc, observed, queries=queries)
+    assert part.shape == (3, 3, V)
+    torch.testing.assert_close(part, full.gather(1, queries.unsqueeze(-1).expand(-1, -1, V)), rtol=0, atol=1e-12)
+    # the cross-attention cache (projected once, carried through index_select) changes nothing
+    rows = torch.tensor([2, 0, 2])
+    cached = model.with_cross_cache(enc).index_select(rows)
+    assert cached.cross_kv is not None and len(cached.cross_kv) == 3
+    again = model.predict(target[rows], cached, observed[rows])
+    torch.testing.assert_close(again, full[rows], rtol=0, atol=1e-12)
+
+
+def reference_easy_first(model, src, lengths, max_iterations):
+    """Kasai et al. 2020 Alg. 1 written plainly: one source and one candidate at a time, every real position
+    recomputed in every pass; returns (chosen tokens, iterations, tokens of every candidate after every pass)."""
+    banned = model.banned_tokens()
+
+    def best_tokens(row, enc, observed):
+        lprobs = torch.log_softmax(model.predict(row, enc, observed)[0], dim=-1)
+        lprobs[:, banned] = float("-inf")
+        return lprobs.max(dim=-1)
+
+    chosen, iterations, passes = [], [], []
+    for b in range(src.size(0)):
+        enc, _ = model.encode(src[b : b + 1])
+        cands = []
+        for length in lengths[b].tolist():
+            n = length - 1
+            row = torch.tensor([[model.unk] * n + [EOS]])
+            logp, tok = best_tokens(row, enc, torch.zeros(1, length, length, dtype=torch.bool))
+            row[0, :n] = tok[:n]
+            rank = torch.argsort(torch.argsort(-logp[:n], stable=True))
+            observed = torch.zeros(1, length, length, dtype=torch.bool)
+            for q in range(n):
+                for m in range(n):
+                    observed[0, q, m] = bool(rank[m] < rank[q])
+            cands.append({"row": row, "logp": logp[:n], "observed": observed, "n": n})
+        history = [[c["row"][0, : c["n"]].clone() for c in cands]]
+        done_at = max_iterations
+        best = max(range(len(cands)), key=lambda i: cands[i]["logp"].mean().item())
+        for t in range(2, max_iterations + 1):
+            previous = [c["row"].clone() for c in cands]
+            for c in cands:
+                logp, tok = best_tokens(c["row"], enc, c["observed"])
+                c["row"] = c["row"].clone()
+                c["row"][0, : c["n"]] = tok[: c["n"]]
+                c["logp"] = logp[: c["n"]]
+            history.append([c["row"][0, : c["n"]].clone() for c in cands])
+            best = max(range(len(cands)), key=lambda i: cands[i]["logp"].mean().item())
+            if torch.equal(cands[best]["row"], previous[best]):
+                done_at = t
+                break
+        chosen.append(cands[best]["row"][0, : cands[best]["n"]])
+        iterations.append(done_at)
+        passes.append(history)
+    return chosen, iterations, passes
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_easy_first_on_a_real_disco_equals_the_plain_algorithm(seed):
+    from seqmix.generation.nat_decoding import easy_first
+
+    model = tiny(DisCoTransformer, DisCoAttention, layers=2)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # weights large enough that predictions depend on the context (several passes)
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+    src = torch.randint(4, V, (4, 6), generator=gen)
+    src[1, 4:], src[3, 2:] = PAD, PAD
+    src[torch.arange(4), torch.tensor([5, 3, 5, 1])] = EOS
+    lengths = torch.tensor([[2, 6, 4], [9, 5, 7], [5, 8, 3], [7, 4, 6]])  # padded rows, a one-token candidate
+    with torch.no_grad():
+        enc, _ = model.encode(src)
+        res = easy_first(model, enc, lengths, max_iterations=6, trace=True)
+        chosen, iterations, passes = reference_easy_first(model, src, lengths, 6)
+    assert res.iterations.tolist() == iterations and max(iterations) >= 3
+    assert [t.tolist() for t in res.tokens] == [t.tolist() for t in chosen]
+    k = lengths.size(1)
+    for b, history in enumerate(passes):  # every candidate after every pass that source ran
+        for t, cands in enumerate(history):
+            for i, tokens in enumerate(cands):
+                assert res.history[t][0][b * k + i, : tokens.numel()].tolist() == tokens.tolist(), (b, t, i)
