@@ -130,3 +130,16 @@ def test_unknown_choice_names_the_options(group, choice):
 
     with pytest.raises(MissingConfigException, match="Available options"):
         compose_train([f"{group}={choice}"])
+
+
+def test_adam_decays_weights_decoupled_like_fairseq():
+    """optim=adam with weight_decay shrinks a weight by lr * wd per step (fairseq's Adam = AdamW). Adam with L2
+    would normalize the decay gradient and shrink a row that gets no data gradient by ~lr per step."""
+    cfg = compose_train(["optim.lr=0.1", "optim.weight_decay=0.01"])
+    rows = torch.nn.Parameter(torch.ones(2, 4))
+    optimizer = instantiate(cfg.optim)([rows])
+    for _ in range(3):
+        optimizer.zero_grad()
+        (rows[0].sum() * 0.0 + (rows[1] ** 2).sum()).backward()  # row 0: zero gradient, row 1: some gradient
+        optimizer.step()
+    torch.testing.assert_close(rows[0].detach(), torch.full((4,), (1 - 0.1 * 0.01) ** 3))
