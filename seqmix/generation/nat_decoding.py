@@ -162,15 +162,18 @@ def easy_first_contexts(logp: Tensor, real: Tensor) -> Tensor:
     return (rank.unsqueeze(1) < rank.unsqueeze(2)) & real.unsqueeze(1)
 
 
-def _repredict(model, tokens: Tensor, logp: Tensor, encoder_out, observed: Tensor, banned: list[int],
-               stale: Tensor) -> tuple[Tensor, Tensor]:
+def _repredict(model, tokens: Tensor, logp: Tensor, encoder_out, rows: Tensor, observed: Tensor,
+               banned: list[int], stale: Tensor) -> tuple[Tensor, Tensor]:
     """(tokens, logp) with the ``stale`` (B, T) positions re-predicted and the others kept; rows without a stale
-    position cost nothing, and neither do pads, eos or fresh positions (DisCo queries are independent)."""
+    position cost nothing, and neither do pads, eos or fresh positions (DisCo queries are independent).
+    ``tokens``, ``logp``, ``observed`` and ``stale`` hold candidate rows ``rows`` of ``encoder_out``, which is
+    indexed once, for the busy rows only."""
     tokens, logp = tokens.clone(), logp.clone()
     busy = stale.any(dim=1).nonzero().squeeze(1)
     if busy.numel():
         queries = stale_queries(stale[busy])
-        tok, lp = _predict(model, tokens[busy], encoder_out.index_select(busy), observed[busy], banned, queries)
+        tok, lp = _predict(model, tokens[busy], encoder_out.index_select(rows[busy]), observed[busy], banned,
+                           queries)
         tokens[busy] = tokens[busy].scatter(1, queries, tok)
         logp[busy] = logp[busy].scatter(1, queries, lp)
     return tokens, logp
@@ -184,8 +187,9 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
     b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
     banned = model.banned_tokens()
     first_context = torch.zeros(real.shape + real.shape[-1:], dtype=torch.bool, device=real.device)
-    tokens, logp = _repredict(model, tokens, torch.zeros(real.shape, device=real.device), enc, first_context,
-                              banned, real)
+    every_row = torch.arange(real.size(0), device=real.device)
+    tokens, logp = _repredict(model, tokens, torch.zeros(real.shape, device=real.device), enc, every_row,
+                              first_context, banned, real)
     changed = real.clone()  # every real position now holds a token instead of the placeholder
     history = [(tokens.clone(), logp.clone())] if trace else []
     contexts = easy_first_contexts(logp, real)
@@ -199,7 +203,7 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
         rows = (sources.unsqueeze(1) * k + torch.arange(k, device=sources.device)).reshape(-1)
         before, r, seen = tokens[rows], real[rows], contexts[rows]
         stale = (seen & changed[rows].unsqueeze(1)).any(dim=-1) & r
-        after, lp = _repredict(model, before, logp[rows], enc.index_select(rows), seen, banned, stale)
+        after, lp = _repredict(model, before, logp[rows], enc, rows, seen, banned, stale)
         changed[rows] = after != before
         tokens[rows], logp[rows] = after, lp
         kstar = mean_logprob(lp, r).view(-1, k).argmax(dim=1)
