@@ -31,13 +31,19 @@ def sample_target(gen) -> torch.Tensor:
     return target
 
 
-def test_disco_query_output_ignores_tokens_outside_its_observed_set():
+def disco_case(seed: int):
+    """A 3-layer tiny DisCo, a padded batch of targets with random DisCo training contexts, and its encoding."""
     model = tiny(DisCoTransformer, DisCoAttention, layers=3)
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(seed)
     src = torch.randint(4, V, (3, 7), generator=gen)
     target = sample_target(gen)
     observed = disco_observed(target, PAD, EOS, gen)
     enc, _ = model.encode(src)
+    return model, target, observed, enc
+
+
+def test_disco_query_output_ignores_tokens_outside_its_observed_set():
+    model, target, observed, enc = disco_case(3)
     base = model.predict(target, enc, observed)
     real = target.ne(PAD) & target.ne(EOS)
     checked = changed = 0
@@ -108,12 +114,7 @@ def test_init_is_normal_002_and_embeddings_are_tied():
 
 
 def test_disco_predict_on_a_query_subset_or_with_cached_cross_attention_equals_the_full_pass():
-    model = tiny(DisCoTransformer, DisCoAttention, layers=3)
-    gen = torch.Generator().manual_seed(5)
-    src = torch.randint(4, V, (3, 7), generator=gen)
-    target = sample_target(gen)
-    observed = disco_observed(target, PAD, EOS, gen)
-    enc, _ = model.encode(src)
+    model, target, observed, enc = disco_case(5)
     full = model.predict(target, enc, observed)
     queries = torch.tensor([[6, 0, 3], [4, 4, 1], [1, 0, 0]])  # any order, repeats allowed
     part = model.predict(target, enc, observed, queries=queries)
