@@ -71,8 +71,28 @@ def _predict(model, tokens: Tensor, encoder_out, observed: Tensor, banned: list[
     logits = model.predict(tokens, encoder_out, observed, **extra).float()
     normalizer = logits.logsumexp(dim=-1)
     logits[..., banned] = float("-inf")
-    best, tok = logits.max(dim=-1)
+    best, tok = max_and_argmax(logits)
     return tok, best - normalizer
+
+
+def max_and_argmax(logits: Tensor, block: int = 64) -> tuple[Tensor, Tensor]:
+    """``logits.max(dim=-1)`` (values, indices) over a vocabulary-sized last dim, ~4x faster on CPU, where a max
+    that tracks indices does not vectorize: the maxima of ``block``-wide slices first (``amax``), then the index
+    inside the winning slice; a tail shorter than ``block`` is compared on its own."""
+    v = logits.size(-1)
+    main = v - v % block
+    if main == 0:
+        return logits.max(dim=-1)
+    blocks = logits[..., :main].unflatten(-1, (main // block, block))
+    block_idx = blocks.amax(dim=-1).argmax(dim=-1)
+    inner = blocks.gather(-2, block_idx[..., None, None].expand(*block_idx.shape, 1, block)).squeeze(-2)
+    value, offset = inner.max(dim=-1)
+    index = block_idx * block + offset
+    if main < v:
+        tail_value, tail_offset = logits[..., main:].max(dim=-1)
+        better = tail_value > value
+        value, index = torch.where(better, tail_value, value), torch.where(better, tail_offset + main, index)
+    return value, index
 
 
 def stale_queries(stale: Tensor) -> Tensor:
@@ -161,20 +181,24 @@ def easy_first_contexts(logp: Tensor, real: Tensor) -> Tensor:
     return (rank.unsqueeze(1) < rank.unsqueeze(2)) & real.unsqueeze(1)
 
 
-def _repredict(model, tokens: Tensor, logp: Tensor, encoder_out, rows: Tensor, observed: Tensor,
+def _repredict(model, tokens: Tensor, logp: Tensor, encoder_out, sources: Tensor, k: int, observed: Tensor,
                banned: list[int], stale: Tensor) -> tuple[Tensor, Tensor]:
-    """(tokens, logp) with the ``stale`` (B, T) positions re-predicted and the others kept; rows without a stale
+    """(tokens, logp) with the ``stale`` positions re-predicted and the others kept; sources without a stale
     position cost nothing, and neither do pads, eos or fresh positions (DisCo queries are independent).
-    ``tokens``, ``logp``, ``observed`` and ``stale`` hold candidate rows ``rows`` of ``encoder_out``, which is
-    indexed once, for the busy rows only."""
+    ``tokens``, ``logp``, ``observed`` and ``stale`` hold the k candidate rows of each of ``sources`` (rows of
+    ``encoder_out``, indexed once, for the busy sources only); a source's candidates are predicted together, as
+    one group of k * T slots (``DisCoTransformer.predict``)."""
     tokens, logp = tokens.clone(), logp.clone()
-    busy = stale.any(dim=1).nonzero().squeeze(1)
+    s, t = sources.numel(), tokens.size(1)
+    slots = stale.view(s, k * t)
+    busy = slots.any(dim=1).nonzero().squeeze(1)
     if busy.numel():
-        queries = stale_queries(stale[busy])
-        tok, lp = _predict(model, tokens[busy], encoder_out.index_select(rows[busy]), observed[busy], banned,
-                           queries)
-        tokens[busy] = tokens[busy].scatter(1, queries, tok)
-        logp[busy] = logp[busy].scatter(1, queries, lp)
+        queries = stale_queries(slots[busy])
+        tok, lp = _predict(model, tokens.view(s, k, t)[busy], encoder_out.index_select(sources[busy]),
+                           observed.view(s, k, t, t)[busy], banned, queries)
+        flat_tokens, flat_logp = tokens.view(s, k * t), logp.view(s, k * t)  # views: writes land in the rows
+        flat_tokens[busy] = flat_tokens[busy].scatter(1, queries, tok)
+        flat_logp[busy] = flat_logp[busy].scatter(1, queries, lp)
     return tokens, logp
 
 
@@ -183,12 +207,14 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
 
     A pass recomputes only the stale positions, those whose observed set holds a token that the previous pass
     changed: the others would get exactly their previous prediction back."""
-    b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
+    b, k = lengths.shape
+    tokens = candidate_rows(lengths, model.unk, model.eos, model.padding_idx)
+    real = tokens.ne(model.padding_idx) & tokens.ne(model.eos)
     banned = model.banned_tokens()
     first_context = torch.zeros(real.shape + real.shape[-1:], dtype=torch.bool, device=real.device)
-    every_row = torch.arange(real.size(0), device=real.device)
-    tokens, logp = _repredict(model, tokens, torch.zeros(real.shape, device=real.device), enc, every_row,
-                              first_context, banned, real)
+    every_source = torch.arange(b, device=real.device)
+    tokens, logp = _repredict(model, tokens, torch.zeros(real.shape, device=real.device), encoder_out,
+                              every_source, k, first_context, banned, real)
     changed = real.clone()  # every real position now holds a token instead of the placeholder
     history = [(tokens.clone(), logp.clone())] if trace else []
     contexts = easy_first_contexts(logp, real)
@@ -202,7 +228,7 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
         rows = (sources.unsqueeze(1) * k + torch.arange(k, device=sources.device)).reshape(-1)
         before, r, seen = tokens[rows], real[rows], contexts[rows]
         stale = (seen & changed[rows].unsqueeze(1)).any(dim=-1) & r
-        after, lp = _repredict(model, before, logp[rows], enc, rows, seen, banned, stale)
+        after, lp = _repredict(model, before, logp[rows], encoder_out, sources, k, seen, banned, stale)
         changed[rows] = after != before
         tokens[rows], logp[rows] = after, lp
         kstar = mean_logprob(lp, r).view(-1, k).argmax(dim=1)

@@ -138,12 +138,25 @@ class DisCoTransformer(NATModel):
     def predict(self, tokens: Tensor, encoder_out: EncoderOut, observed: Tensor, queries: Tensor | None = None
                 ) -> Tensor:
         """``queries`` (B, Q): predict only these positions (logits (B, Q, V)). Exact, because a DisCo query never
-        reads another query's hidden state: its keys/values are the embeddings of its observed tokens."""
+        reads another query's hidden state: its keys/values are the embeddings of its observed tokens.
+
+        Grouped: ``tokens`` (S, g, T) are g candidate rows of each of the S sources of ``encoder_out``, with
+        ``observed`` (S, g, T, T) or (S, g, T), and ``queries`` (S, Q) index the g * T slots of a source. The
+        rows' contexts become one sequence of g * T keys, each query masked to its own row's observed set, so a
+        source's queries share one pass (no padding to the busiest row) and one cross-attention over the source
+        (no copy of it per candidate)."""
         dec = self.decoder
-        padding_mask = tokens.eq(self.padding_idx)
-        positions = dec.embed_positions(tokens)
-        context = dec.dropout(dec.embed_scale * dec.embed_tokens(tokens) + positions)
-        observed = self.per_query_observed(tokens, observed)
+        grouped = tokens.dim() == 3
+        rows = tokens.flatten(0, 1) if grouped else tokens
+        padding_mask = rows.eq(self.padding_idx)
+        positions = dec.embed_positions(rows)
+        context = dec.dropout(dec.embed_scale * dec.embed_tokens(rows) + positions)
+        observed = self.per_query_observed(rows, observed.flatten(0, 1) if grouped else observed)
+        if grouped:
+            s, g, t = tokens.shape
+            positions, context = positions.reshape(s, g * t, -1), context.reshape(s, g * t, -1)
+            padding_mask = padding_mask.reshape(s, g * t)
+            observed = block_diagonal(observed.view(s, g, t, t))
         if queries is not None:
             positions = positions.gather(1, queries.unsqueeze(-1).expand(-1, -1, positions.size(-1)))
             observed = observed.gather(1, queries.unsqueeze(-1).expand(-1, -1, observed.size(-1)))
@@ -156,6 +169,13 @@ class DisCoTransformer(NATModel):
             x = layer(x, key_padding_mask=kpm, encoder_out=encoder_out.out, encoder_padding_mask=enc_mask,
                       state=state, context=context, observed=observed)
         return self.output_layer(dec.finish(x))
+
+
+def block_diagonal(observed: Tensor) -> Tensor:
+    """(S, g, T, T) per-row observed sets -> (S, g*T, g*T): slot (i, n) sees slot (j, m) iff i == j and n sees m."""
+    s, g, t, _ = observed.shape
+    same_row = torch.eye(g, dtype=torch.bool, device=observed.device).view(1, g, 1, g, 1)
+    return (observed.unsqueeze(3) & same_row).reshape(s, g * t, g * t)
 
 
 class CMLMTransformer(NATModel):

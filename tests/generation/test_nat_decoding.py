@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from seqmix.generation.nat_decoding import IterativeDecoder, candidate_rows, length_candidates
+from seqmix.generation.nat_decoding import IterativeDecoder, candidate_rows, length_candidates, max_and_argmax
 from seqmix.models.encoder_decoder import EncoderOut
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
@@ -46,29 +46,35 @@ class Scripted:
         return EncoderOut(out, torch.zeros(b, 1, dtype=torch.bool)), torch.stack([self.lengths[i] for i in range(b)])
 
     def predict(self, tokens, encoder_out, observed, queries=None):
-        rows, t = tokens.shape
-        if observed.dim() == 2:
-            observed = observed.unsqueeze(1).expand(rows, t, t)
+        """Rows (R, T) with a source each, or groups (S, g, T) of g rows per source whose ``queries`` index the
+        g * T slots (as ``DisCoTransformer.predict``); ``seen`` is recorded per candidate row."""
+        grouped = tokens.dim() == 3
+        if not grouped:
+            tokens, observed = tokens.unsqueeze(1), observed.unsqueeze(1)
+        units, g, t = tokens.shape
+        if observed.dim() == 3:
+            observed = observed.unsqueeze(2).expand(units, g, t, t)
         real = tokens.ne(PAD) & tokens.ne(EOS)
         if queries is None:
-            queries = torch.arange(t).expand(rows, t)
-        logits = torch.full((rows, queries.size(1), V), 0.0, dtype=torch.float64)
-        call = {"rows": rows, "seen": []}
-        for r in range(rows):
-            src = int(encoder_out.out[r, 0, 0])
-            n_real = int(real[r].sum())
-            seen_row = []
-            for slot, n in enumerate(queries[r].tolist()):
+            queries = torch.arange(g * t).expand(units, g * t)
+        logits = torch.full((units, queries.size(1), V), 0.0, dtype=torch.float64)
+        call = {"rows": units * g, "seen": []}
+        for u in range(units):
+            src = int(encoder_out.out[u, 0, 0])
+            seen_rows = [[] for _ in range(g)]
+            for slot, q in enumerate(queries[u].tolist()):
+                r, n = divmod(q, t)
+                n_real = int(real[u, r].sum())
                 if n >= n_real:
                     continue
-                seen = {m: int(tokens[r, m]) for m in range(n_real) if observed[r, n, m]}
-                if slot == 0 or n not in queries[r, :slot].tolist():
-                    seen_row.append(set(seen))
+                seen = {m: int(tokens[u, r, m]) for m in range(n_real) if observed[u, r, n, m]}
+                if q not in queries[u, :slot].tolist():
+                    seen_rows[r].append(set(seen))
                 tok, p = self.rules[src](n, {m: w for m, w in seen.items() if m != n}, n_real)
                 row = torch.full((V,), math.log((1 - p) / (V - 1)), dtype=torch.float64)
                 row[tok] = math.log(p)
-                logits[r, slot] = row
-            call["seen"].append(seen_row)
+                logits[u, slot] = row
+            call["seen"].extend(seen_rows)
         self.calls.append(call)
         return logits
 
@@ -183,3 +189,17 @@ def test_easy_first_needs_per_query_contexts():
         decode("easy_first", [chain_rule], [length_logits(4)], per_query=False)
     with pytest.raises(ValueError, match="unknown NAT decoding"):
         IterativeDecoder("beam")
+
+
+@pytest.mark.parametrize("vocab", [5, 64, 200, 8000])
+def test_max_and_argmax_equals_max_over_the_vocabulary(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(3, 7, vocab, generator=gen, dtype=torch.float64)
+    logits[0, 0, :] = float("-inf")
+    logits[0, 0, vocab - 1] = 0.0  # the only finite entry is the last one (in the tail when vocab % 64)
+    logits[1, 2, 0] = 50.0  # the first entry
+    logits[..., :3] = torch.where(logits[..., :3] == 50.0, logits[..., :3], torch.tensor(float("-inf"), dtype=torch.float64))
+    value, index = max_and_argmax(logits)
+    expected_value, expected_index = logits.max(dim=-1)
+    assert torch.equal(value, expected_value) and torch.equal(index, expected_index)
+    assert index[0, 0] == vocab - 1 and index[1, 2] == 0

@@ -128,6 +128,20 @@ def test_disco_predict_on_a_query_subset_or_with_cached_cross_attention_equals_t
     torch.testing.assert_close(again, full[rows], rtol=0, atol=1e-12)
 
 
+
+def test_disco_predict_on_groups_of_candidate_rows_equals_the_rows_one_by_one():
+    # grouped: the g rows of a source share one pass (g * T keys, each query masked to its own row)
+    model, target, observed, enc = disco_case(6)
+    pick = torch.tensor([[0, 1], [1, 2], [2, 0]])  # source s holds rows pick[s]: different lengths and padding
+    rows, contexts = target[pick.reshape(-1)], observed[pick.reshape(-1)]
+    one_by_one = model.predict(rows, enc.index_select(torch.arange(3).repeat_interleave(2)), contexts)
+    grouped = model.predict(rows.view(3, 2, 9), enc, contexts.view(3, 2, 9, 9))
+    torch.testing.assert_close(grouped, one_by_one.reshape(3, 18, V), rtol=0, atol=1e-12)
+    queries = torch.tensor([[12, 3, 0, 9], [17, 5, 5, 10], [1, 2, 11, 16]])  # slot = row * 9 + position
+    part = model.predict(rows.view(3, 2, 9), model.with_cross_cache(enc), contexts.view(3, 2, 9, 9), queries)
+    expected = one_by_one.reshape(3, 18, V).gather(1, queries.unsqueeze(-1).expand(-1, -1, V))
+    torch.testing.assert_close(part, expected, rtol=0, atol=1e-12)
+
 def reference_easy_first(model, src, lengths, max_iterations):
     """Kasai et al. 2020 Alg. 1 written plainly: one source and one candidate at a time, every real position
     recomputed in every pass; returns (chosen tokens, iterations, tokens of every candidate after every pass)."""
