@@ -136,12 +136,10 @@ class IterativeDecoder:
         return run(model, encoder_out, lengths, self.max_iterations, trace)
 
 
-def _setup(model, encoder_out, lengths: Tensor):
-    b, k = lengths.shape
+def _candidates(model, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """(candidate rows (B * l, T) of placeholders, their real positions) for the length beam ``lengths`` (B, l)."""
     tokens = candidate_rows(lengths, model.unk, model.eos, model.padding_idx)
-    real = tokens.ne(model.padding_idx) & tokens.ne(model.eos)
-    rows_encoder = encoder_out.index_select(torch.arange(b, device=lengths.device).repeat_interleave(k))
-    return b, k, tokens, real, rows_encoder
+    return tokens, tokens.ne(model.padding_idx) & tokens.ne(model.eos)
 
 
 def _finish(tokens: Tensor, logp: Tensor, real: Tensor, best: Tensor, iterations: Tensor, k: int,
@@ -153,7 +151,9 @@ def _finish(tokens: Tensor, logp: Tensor, real: Tensor, best: Tensor, iterations
 
 def mask_predict(model, encoder_out, lengths: Tensor, max_iterations: int, trace: bool = False) -> NATResult:
     """Mask-predict over the length beam ``lengths`` (B, l); see the module docstring."""
-    b, k, tokens, real, enc = _setup(model, encoder_out, lengths)
+    b, k = lengths.shape
+    tokens, real = _candidates(model, lengths)
+    enc = encoder_out.index_select(torch.arange(b, device=lengths.device).repeat_interleave(k))  # one per row
     banned = model.banned_tokens()
     tok, lp = _predict(model, tokens, enc, torch.zeros_like(real), banned)
     tokens = torch.where(real, tok, tokens)
@@ -208,8 +208,7 @@ def easy_first(model, encoder_out, lengths: Tensor, max_iterations: int, trace: 
     A pass recomputes only the stale positions, those whose observed set holds a token that the previous pass
     changed: the others would get exactly their previous prediction back."""
     b, k = lengths.shape
-    tokens = candidate_rows(lengths, model.unk, model.eos, model.padding_idx)
-    real = tokens.ne(model.padding_idx) & tokens.ne(model.eos)
+    tokens, real = _candidates(model, lengths)
     banned = model.banned_tokens()
     first_context = torch.zeros(real.shape + real.shape[-1:], dtype=torch.bool, device=real.device)
     every_source = torch.arange(b, device=real.device)

@@ -128,7 +128,6 @@ def test_disco_predict_on_a_query_subset_or_with_cached_cross_attention_equals_t
     torch.testing.assert_close(again, full[rows], rtol=0, atol=1e-12)
 
 
-
 def test_disco_predict_on_groups_of_candidate_rows_equals_the_rows_one_by_one():
     # grouped: the g rows of a source share one pass (g * T keys, each query masked to its own row)
     model, target, observed, enc = disco_case(6)
@@ -141,6 +140,7 @@ def test_disco_predict_on_groups_of_candidate_rows_equals_the_rows_one_by_one():
     part = model.predict(rows.view(3, 2, 9), model.with_cross_cache(enc), contexts.view(3, 2, 9, 9), queries)
     expected = one_by_one.reshape(3, 18, V).gather(1, queries.unsqueeze(-1).expand(-1, -1, V))
     torch.testing.assert_close(part, expected, rtol=0, atol=1e-12)
+
 
 def reference_easy_first(model, src, lengths, max_iterations):
     """Kasai et al. 2020 Alg. 1 written plainly: one source and one candidate at a time, every real position
