@@ -8,6 +8,7 @@ The per-query mask goes through the shared ``MultiheadAttention`` (SDPA with a b
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from seqmix.mixers.base import MixerState, TokenMixer
@@ -35,6 +36,20 @@ class DisCoAttention(TokenMixer):
         if context is None or observed is None:
             raise ValueError("DisCoAttention needs context= (token + position embeddings) and observed= (B, T, T)")
         attn = self.attn
+        if not self.training:
+            single = single_visible_key(observed, key_padding_mask)
+            if single is not None:  # softmax over one key is 1: the output is that key's value, no scores needed
+                picked = context.gather(1, single.unsqueeze(-1).expand(-1, -1, context.size(-1)))
+                return attn.out_proj(attn.v_proj(picked))
         q = attn.split_heads(attn.q_proj(x))
         k, v = attn.project_kv(context, context)
         return attn.attend(q, k, v, key_padding_mask, attn_mask=observed)
+
+
+def single_visible_key(observed: Tensor, key_padding_mask: Tensor | None) -> Tensor | None:
+    """(B, T) index of each query's only visible key when every query sees exactly one (the first pass of
+    iterative decoding observes eos alone), else None."""
+    visible = observed if key_padding_mask is None else observed & ~key_padding_mask.unsqueeze(1)
+    if not bool(visible.sum(dim=-1).eq(1).all()):
+        return None
+    return visible.to(torch.uint8).argmax(dim=-1)

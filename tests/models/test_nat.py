@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from seqmix.mixers.disco import DisCoAttention
+from seqmix.mixers.disco import DisCoAttention, single_visible_key
 from seqmix.mixers.self_attention import SelfAttention
 from seqmix.models.nat import CMLMTransformer, DisCoTransformer
 from seqmix.models.nat_masks import disco_observed
@@ -40,6 +42,46 @@ def disco_case(seed: int):
     observed = disco_observed(target, PAD, EOS, gen)
     enc, _ = model.encode(src)
     return model, target, observed, enc
+
+
+def naive_disco_attention(mixer, x, context, observed):
+    """Kasai et al. 2020 §3: query n attends to the projected embeddings of its observed tokens only; one query
+    and one head at a time (float64)."""
+    attn = mixer.attn
+    d = attn.head_dim
+    out = torch.zeros_like(x)
+    for b in range(x.size(0)):
+        for n in range(x.size(1)):
+            seen = context[b, observed[b, n]]
+            q, k, v = attn.q_proj(x[b, n]), attn.k_proj(seen), attn.v_proj(seen)
+            heads = []
+            for h in range(attn.num_heads):
+                part = slice(h * d, (h + 1) * d)
+                weights = torch.softmax(k[:, part] @ q[part] / math.sqrt(d), dim=0)
+                heads.append(weights @ v[:, part])
+            out[b, n] = attn.out_proj(torch.cat(heads))
+    return out
+
+
+@pytest.mark.parametrize("one_key_each", [False, True])
+def test_disco_attention_equals_a_per_query_loop(one_key_each):
+    # one visible key per query (decoding's first pass: eos alone) takes a shortcut: that key's value, no scores
+    torch.manual_seed(1)
+    mixer = DisCoAttention(16, num_heads=2).double().eval()
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.normal_(0, 0.3)
+    x, context = torch.randn(2, 7, 16, dtype=torch.double), torch.randn(2, 7, 16, dtype=torch.double)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    if one_key_each:
+        observed = torch.nn.functional.one_hot(torch.randint(0, 5, (2, 7)), 7).bool()
+    else:
+        observed = (torch.rand(2, 7, 7) < 0.5) & ~pad.unsqueeze(1)
+        observed[..., 4] = True
+    assert (single_visible_key(observed, pad) is not None) == one_key_each
+    got = mixer(x, key_padding_mask=pad, context=context, observed=observed)
+    torch.testing.assert_close(got, naive_disco_attention(mixer, x, context, observed), rtol=0, atol=1e-10)
 
 
 def test_disco_query_output_ignores_tokens_outside_its_observed_set():
