@@ -34,6 +34,26 @@ def check_resumable(path: str | os.PathLike) -> None:
                           "start a new run from it instead")
 
 
+def load_weights(task, path: str | os.PathLike) -> None:
+    """Start a new run from the model weights of ``path`` (fairseq's ``--restore-file`` with optimizer, lr
+    schedule and counters reset, e.g. to fine-tune or anneal with another schedule). The vocabulary and every
+    parameter name and shape must match the model this run built: a silent partial load would train garbage."""
+    ckpt = load_checkpoint(path)
+    if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
+        raise SeqmixError(f"init_from={path}: its vocabulary differs from this run's; train on the data and "
+                          "vocabulary the checkpoint was trained with (same task and task.vocab_size)")
+    own, theirs = task.state_dict(), ckpt["state_dict"]
+    problems = [f"missing {k}" for k in own if k not in theirs]
+    problems += [f"unexpected {k}" for k in theirs if k not in own]
+    problems += [f"{k}: shape {tuple(theirs[k].shape)} vs {tuple(own[k].shape)}"
+                 for k in own if k in theirs and theirs[k].shape != own[k].shape]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise SeqmixError(f"init_from={path} does not fit this model ({shown}); use the model settings it was "
+                          "trained with")
+    task.load_state_dict(theirs)
+
+
 def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
     """Element-wise mean of the model weights of ``paths``; other fields come from the last one."""
     if not paths:

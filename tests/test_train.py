@@ -49,6 +49,31 @@ def test_resume_continues_steps_lr_and_optimizer(tmp_path):
     assert after["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(peak * expected, rel=1e-6)
 
 
+def test_init_from_starts_a_new_run_from_the_weights_only(tmp_path):
+    first = run("train.py", [*TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "run_test=false",
+                             "trainer.limit_val_batches=1"], tmp_path / "a")
+    assert first.returncode == 0, describe(first)
+    last = next(p for p in checkpoints(tmp_path / "a") if p.name == "last.ckpt")
+    source = torch.load(last, weights_only=False)["state_dict"]
+    # a learning rate of ~0: the new run's weights stay those of the checkpoint, while its counters restart
+    second = run("train.py", [*TINY, "trainer.max_steps=2", "trainer.max_epochs=-1", "run_test=false",
+                              "trainer.limit_val_batches=1", "scheduler=constant", "optim.lr=1e-12",
+                              f"init_from={last}"], tmp_path / "b")
+    assert second.returncode == 0, describe(second)
+    after = torch.load(next(p for p in checkpoints(tmp_path / "b") if p.name == "last.ckpt"), weights_only=False)
+    assert after["global_step"] == 2
+    assert {float(s["step"]) for s in after["optimizer_states"][0]["state"].values()} == {2.0}
+    assert after["state_dict"].keys() == source.keys()
+    for name, weight in source.items():
+        torch.testing.assert_close(after["state_dict"][name], weight, rtol=0, atol=1e-9)
+    logs = tmp_path / "c"
+    logs.mkdir()
+    wrong = run("train.py", [*TINY, "model.embed_dim=48", f"init_from={last}"], logs)
+    assert_clean_failure(wrong, logs, "seqmix: error:", "does not fit this model", "shape")
+    both = run("train.py", [*TINY, f"init_from={last}", f"ckpt_path={last}"], logs)
+    assert_clean_failure(both, logs, "seqmix: error:", "pass one of them")
+
+
 def test_two_process_cpu_ddp(tmp_path):
     proc = run("train.py", [*TINY, "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
                             "trainer.max_epochs=1", "trainer.limit_val_batches=1"], tmp_path, timeout=900)

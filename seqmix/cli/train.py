@@ -9,7 +9,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from seqmix.checkpoint import check_resumable
+from seqmix.checkpoint import check_resumable, load_weights
 from seqmix.cli.common import build_task, count_parameters, module_summary, task_class
 from seqmix.errors import SeqmixError
 
@@ -47,6 +47,9 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.dry_run:
         dry_run(cfg)
         return None
+    if cfg.get("ckpt_path") and cfg.get("init_from"):
+        raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
+                          "new run from a checkpoint's weights: pass one of them")
     if cfg.get("ckpt_path"):
         check_resumable(cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
@@ -54,6 +57,9 @@ def train(cfg: DictConfig) -> float | None:
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
     task = build_task(cfg, datamodule.tokenizer)
+    if cfg.get("init_from"):
+        load_weights(task, cfg.init_from)
+        log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
     callbacks = instantiate_callbacks(cfg)
