@@ -143,3 +143,18 @@ def test_adam_decays_weights_decoupled_like_fairseq():
         (rows[0].sum() * 0.0 + (rows[1] ** 2).sum()).backward()  # row 0: zero gradient, row 1: some gradient
         optimizer.step()
     torch.testing.assert_close(rows[0].detach(), torch.full((4,), (1 - 0.1 * 0.01) ** 3))
+
+
+@pytest.mark.parametrize("override,horizon", [([], 40), (["scheduler.total_updates=10"], 10)])
+def test_cosine_horizon_is_the_trainer_estimate_unless_the_config_sets_it(override, horizon):
+    from seqmix.tasks.base import make_scheduler
+
+    cfg = compose_train(["scheduler=cosine", "scheduler.warmup_updates=0", "scheduler.min_lr=0", *override])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = make_scheduler(instantiate(cfg.scheduler), optimizer, lambda: 40)
+    lrs = []
+    for _ in range(horizon + 1):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(1.0) and lrs[horizon // 2] == pytest.approx(0.5) and lrs[horizon] == pytest.approx(0.0)

@@ -23,6 +23,15 @@ from torch import Tensor, nn
 from seqmix.errors import SeqmixError
 
 
+def make_scheduler(factory, optimizer, estimated_updates):
+    """``factory(optimizer)``; a schedule with a horizon (``total_updates``) the config leaves unset (null) gets
+    ``estimated_updates()``, the trainer's estimate of the run's optimizer steps."""
+    total = inspect.signature(factory).parameters.get("total_updates")
+    if total is not None and (total.default is inspect.Parameter.empty or total.default is None):
+        return factory(optimizer, total_updates=estimated_updates())
+    return factory(optimizer)
+
+
 @dataclass
 class Report:
     """A task's verdict on one split: the main score (returned for sweeps), a headline and detail lines."""
@@ -103,11 +112,8 @@ class SeqmixTask(L.LightningModule):
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        kwargs = {}
-        params = inspect.signature(self.scheduler_factory).parameters
-        if "total_updates" in params and params["total_updates"].default is inspect.Parameter.empty:
-            kwargs["total_updates"] = int(self.trainer.estimated_stepping_batches)
-        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        scheduler = make_scheduler(self.scheduler_factory, optimizer,
+                                   lambda: int(self.trainer.estimated_stepping_batches))
         if isinstance(scheduler, dict):  # metric-driven (reduce_on_plateau): step once per validation epoch
             config = {"frequency": self.trainer.check_val_every_n_epoch or 1, **scheduler}
         else:
