@@ -1,4 +1,4 @@
-"""Callbacks that keep work from being lost: a final last.ckpt, and a checkpoint when a run dies."""
+"""Keeping work from being lost: last.ckpt after every epoch and at the end, and a checkpoint when a run dies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 log = logging.getLogger("seqmix")
 
@@ -19,18 +19,31 @@ def _checkpoint_dir(trainer: L.Trainer) -> Path | None:
     return None
 
 
-class SaveOnStop(L.Callback):
-    """ModelCheckpoint saves at epoch/validation ends only: when max_steps or max_time stops training
-    mid-epoch, refresh last.ckpt; when training dies (exception, Ctrl-C), write interrupted.ckpt."""
+class LastCheckpoint(Checkpoint):
+    """last.ckpt after every training epoch (its validation included) and when training ends, mid-epoch too
+    (max_steps, max_time); interrupted.ckpt when training dies (exception, Ctrl-C). A run killed outright (OOM
+    killer, preemption) thus loses at most one epoch: ModelCheckpoint's own last.ckpt is only rewritten when it
+    saves a top-k checkpoint, i.e. when the best score improves. List it after the ModelCheckpoints (as
+    conf/callbacks does): Lightning runs checkpoint callbacks last, in their order, so the saved state holds their
+    view of this epoch's validation (ModelCheckpoint itself saves at the train epoch's end when validating every
+    epoch)."""
 
     def __init__(self, last_name: str = "last.ckpt", interrupted_name: str = "interrupted.ckpt") -> None:
         self.last_name = last_name
         self.interrupted_name = interrupted_name
+        self.last_path = ""  # where last.ckpt was written, once it was
+
+    def _save_last(self, trainer: L.Trainer) -> None:
+        directory = _checkpoint_dir(trainer)
+        if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking:
+            trainer.save_checkpoint(directory / self.last_name)
+            self.last_path = str(directory / self.last_name)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        directory = _checkpoint_dir(trainer)
-        if directory is not None and trainer.global_step > 0:
-            trainer.save_checkpoint(directory / self.last_name)
+        self._save_last(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         directory = _checkpoint_dir(trainer)

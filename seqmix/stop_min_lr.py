@@ -28,7 +28,7 @@ class StopAtMinLR(L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning steps epoch-interval schedulers (reduce_on_plateau) after the epoch's validation and after
         every epoch-end hook, so the next epoch's start is the first hook that sees the annealed lr. Stopping
-        here runs no batch; the checkpoints of that validation are already written (and SaveOnStop refreshes
+        here runs no batch; the checkpoints of that validation are already written (and LastCheckpoint refreshes
         last.ckpt at the end)."""
         if self.min_lr <= 0:
             return

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from seqmix.callbacks import SaveOnStop
+from seqmix.callbacks import LastCheckpoint
 from seqmix.stop_min_lr import StopAtMinLR
 from seqmix.tasks.schedulers import reduce_on_plateau
 from tests.test_configs import compose_train
@@ -43,10 +43,9 @@ class Plateau(L.LightningModule):
 
 
 def fit(tmp_path, stop_min_lr: float, floor: float = 0.0, max_epochs: int = 8) -> L.Trainer:
-    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/loss",
-                                               save_last=True)
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/loss")
     trainer = L.Trainer(max_epochs=max_epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, callbacks=[ckpt, SaveOnStop(), StopAtMinLR(stop_min_lr)])
+                        num_sanity_val_steps=0, callbacks=[ckpt, LastCheckpoint(), StopAtMinLR(stop_min_lr)])
     trainer.fit(Plateau(floor))
     return trainer
 

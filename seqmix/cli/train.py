@@ -9,6 +9,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from seqmix.callbacks import LastCheckpoint
 from seqmix.checkpoint import check_resumable, load_weights
 from seqmix.cli.common import build_task, count_parameters, module_summary, task_class
 from seqmix.errors import SeqmixError
@@ -80,8 +81,8 @@ def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> f
     """Score the best checkpoint (last if none is 'best') on test, or on valid when there is no test split."""
     split = "test" if "test" in datamodule.datasets else "valid"
     ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    if not ckpt and trainer.checkpoint_callback is not None:
-        ckpt = trainer.checkpoint_callback.last_model_path
+    if not ckpt:  # no validation scored a best checkpoint: the last one
+        ckpt = next((cb.last_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), "")
     task.test_split = split
     task.reference_source = datamodule
     trainer.test(task, dataloaders=datamodule.dataloader(split), ckpt_path=ckpt or None, verbose=False)
