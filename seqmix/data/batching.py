@@ -3,6 +3,9 @@
 Examples are sorted by ``max(src_len, tgt_len)`` (then target, then source length), because a batch costs
 ``n * max(longest source, longest target)`` padded tokens; sorting by that key makes the greedy packing below
 optimal for its order and makes the number of batches independent of the shuffle (only ties are shuffled).
+
+Everything is numpy on compact integer arrays (WMT has 4.5M+ pairs): an epoch is the sorted example order plus
+batch boundaries into it, and a Python list exists only for the batch being handed to the DataLoader.
 """
 
 from __future__ import annotations
@@ -13,36 +16,72 @@ import torch
 from seqmix.errors import SeqmixError
 
 
+def _as_lengths(values) -> np.ndarray:
+    """Integer arrays (memmaps included) are used as they are, without a copy; anything else becomes int64."""
+    array = np.asarray(values)
+    return array if array.dtype.kind in "iu" else np.asarray(values, dtype=np.int64)
+
+
+def _sort_keys(src: np.ndarray, tgt: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The rank of ``(size, tgt, src)`` among all length pairs, so one integer sort replaces a three-key lexsort.
+
+    With ``size = max(src, tgt)``, the z*z pairs of size < z come first; within size z come (t, z) for t < z,
+    then (z, s) for s <= z. Ranks are dense, so lengths up to 255 fit 16 bits, which numpy sorts fastest.
+    """
+    dtype = np.min_scalar_type((int(sizes.max()) + 1) ** 2 - 1)
+    z = sizes.astype(dtype)
+    keys = np.add(z, src, dtype=dtype, casting="unsafe")
+    np.copyto(keys, tgt, casting="unsafe", where=tgt < z)
+    keys += np.multiply(z, z, out=z)
+    return keys
+
+
+def _stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` by 16-bit digits, least significant first: numpy radix-sorts 16-bit
+    integers in linear time but timsorts wider ones, which is an order of magnitude slower on millions of keys."""
+    order = None
+    for shift in range(0, max(int(keys.max()).bit_length(), 1), 16):
+        digit = (keys >> shift).astype(np.uint16)
+        step = np.argsort(digit if order is None else digit[order], kind="stable")
+        order = step if order is None else order[step]
+    return order
+
+
 class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yields lists of dataset indices whose padded size fits ``max_tokens``; rank-aware, seeded per epoch.
 
     Every rank builds the same global batch list from (seed, epoch), then takes ``batches[rank::world_size]``.
     ``pad_to_equal`` (training) repeats batches from the start so all ranks get equal counts; ``drop_uneven``
     instead drops the last ``len % world_size`` batches; with neither (evaluation) each example is seen once.
+    ``src_lengths``, ``tgt_lengths`` and ``sizes`` keep compact integer dtypes (e.g. uint16 memmaps).
     """
 
     def __init__(self, src_lengths, tgt_lengths, max_tokens: int, max_sentences: int | None = None,
                  shuffle: bool = True, seed: int = 1, rank: int = 0, world_size: int = 1,
                  drop_uneven: bool = False, pad_to_equal: bool = True):
-        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.src_lengths, self.tgt_lengths = _as_lengths(src_lengths), _as_lengths(tgt_lengths)
         if self.src_lengths.shape != self.tgt_lengths.shape:
             raise ValueError("src_lengths and tgt_lengths must have the same length")
+        if len(self.src_lengths) and min(self.src_lengths.min(), self.tgt_lengths.min()) < 0:
+            raise ValueError("src_lengths and tgt_lengths must be >= 0")
         if max_sentences is not None and max_sentences < 1:
             raise SeqmixError(f"max_sentences={max_sentences} must be >= 1 (or null for no limit)")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
-        self.sizes = np.maximum(self.src_lengths, self.tgt_lengths)
-        if len(self.sizes) and self.sizes.max() > max_tokens:
+        longest = int(max(self.src_lengths.max(), self.tgt_lengths.max())) if len(self.src_lengths) else 0
+        self.sizes = np.maximum(self.src_lengths, self.tgt_lengths, dtype=np.min_scalar_type(longest),
+                                casting="unsafe")
+        if len(self.sizes) and longest > max_tokens:
             raise SeqmixError(
-                f"max_tokens={max_tokens} is smaller than one example of {int(self.sizes.max())} tokens; "
+                f"max_tokens={max_tokens} is smaller than one example of {longest} tokens; "
                 f"raise max_tokens or lower max_*_positions"
             )
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.drop_uneven, self.pad_to_equal = drop_uneven, pad_to_equal
         self.epoch = 0
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._bounds = self._pack()
+        self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     @property
     def sampler(self):
@@ -55,45 +94,57 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _rng(self, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, stream])
 
-    def _all_batches(self) -> list[list[int]]:
-        """The global batch list of this epoch, identical on every rank."""
-        n = len(self.sizes)
-        order = self._rng(0).permutation(n) if self.shuffle else np.arange(n)
-        # lexsort: last key is primary; stable, so equal-length examples keep the (shuffled) order.
-        order = order[np.lexsort((self.src_lengths[order], self.tgt_lengths[order], self.sizes[order]))]
-        batches, current, longest = [], [], 0
-        cap = self.max_sentences or n
-        for i in order.tolist():
-            size = int(self.sizes[i])
-            grown = max(longest, size)
-            if current and (len(current) + 1 > cap or (len(current) + 1) * grown > self.max_tokens):
-                batches.append(current)
-                current, grown = [], size
-            current.append(i)
-            longest = grown
-        if current:
-            batches.append(current)
-        if self.shuffle:
-            batches = [batches[j] for j in self._rng(1).permutation(len(batches))]
-        return batches
+    def _pack(self) -> np.ndarray:
+        """Batch boundaries in the sorted order: batch j is ``order[bounds[j]:bounds[j + 1]]`` in every epoch.
 
-    def _rank_batches(self) -> list[list[int]]:
-        if self._cache is not None and self._cache[0] == self.epoch:
-            return self._cache[1]
-        batches = self._all_batches()
-        if self.world_size > 1 and batches:
+        Sorted sizes ascend, so greedily an example joins the open batch iff the batch, counting it, holds at most
+        ``fit = min(max_sentences, max_tokens // size)``. Packing thus depends only on how many examples have each
+        size: per distinct size, the open batch fills up to ``fit`` and the rest splits into batches of ``fit``.
+        """
+        n = len(self.sizes)
+        cap = self.max_sentences or n
+        counts = np.bincount(self.sizes)
+        present = np.flatnonzero(counts)
+        starts, pos, taken = [np.zeros(min(n, 1), np.int64)], 0, 0  # taken: examples in the open batch
+        for size, count in zip(present.tolist(), counts[present].tolist()):
+            fit = int(min(cap, self.max_tokens // size)) if size else cap
+            new = np.arange(pos + max(fit - taken, 0), pos + count, fit)
+            pos += count
+            taken = pos - int(new[-1]) if len(new) else taken + count
+            starts.append(new)
+        return np.concatenate([*starts, [n]])
+
+    def _shard(self, batch_ids: np.ndarray) -> np.ndarray:
+        """This rank's part of the global batch sequence."""
+        if self.world_size > 1 and len(batch_ids):
             if self.drop_uneven:
-                batches = batches[: len(batches) - len(batches) % self.world_size]
+                batch_ids = batch_ids[: len(batch_ids) - len(batch_ids) % self.world_size]
             elif self.pad_to_equal:
                 # Repeat batches from the start so every rank runs the same number of steps (DDP needs that).
-                missing = -len(batches) % self.world_size
-                batches = batches + [batches[j % len(batches)] for j in range(missing)]
-            batches = batches[self.rank :: self.world_size]
-        self._cache = (self.epoch, batches)
-        return batches
+                missing = -len(batch_ids) % self.world_size
+                batch_ids = np.concatenate([batch_ids, batch_ids[np.arange(missing) % len(batch_ids)]])
+            batch_ids = batch_ids[self.rank :: self.world_size]
+        return batch_ids
+
+    def _epoch_batches(self) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch's example order (identical on every rank) and this rank's batch ids, in yield order."""
+        if self._cache is None or self._cache[0] != self.epoch:
+            n = len(self.sizes)
+            order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+            if self.shuffle:
+                self._rng(0).shuffle(order)  # the permutation of permutation(n), without an int64 copy
+            if n:
+                # A stable sort keeps equal keys in the shuffled order, so ties come out differently each epoch.
+                order = order[_stable_argsort(_sort_keys(self.src_lengths, self.tgt_lengths, self.sizes)[order])]
+            n_batches = len(self._bounds) - 1
+            batch_ids = self._rng(1).permutation(n_batches) if self.shuffle else np.arange(n_batches)
+            self._cache = (self.epoch, order, self._shard(batch_ids))
+        return self._cache[1], self._cache[2]
 
     def __iter__(self):
-        return iter([list(b) for b in self._rank_batches()])
+        order, batch_ids = self._epoch_batches()
+        bounds = self._bounds
+        return (order[bounds[j] : bounds[j + 1]].tolist() for j in batch_ids.tolist())
 
     def __len__(self) -> int:
-        return len(self._rank_batches())
+        return len(self._shard(np.arange(len(self._bounds) - 1)))

@@ -1,3 +1,4 @@
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -127,3 +128,114 @@ def test_filter_by_length_loses_nothing_silently(lengths):
     assert (src[keep] <= 12).all() and (tgt[keep] <= 14).all()
     dropped = np.setdiff1d(np.arange(len(src)), keep)
     assert ((src[dropped] > 12) | (tgt[dropped] > 14)).all()
+
+
+def reference_batches(src, tgt, max_tokens, max_sentences=None, shuffle=True, seed=1, epoch=0, rank=0,
+                      world_size=1, drop_uneven=False, pad_to_equal=True):
+    """The original per-example implementation, kept as an independent oracle for the vectorized one."""
+    src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+    sizes = np.maximum(src, tgt)
+    n = len(sizes)
+
+    def rng(stream):
+        return np.random.default_rng([seed, epoch, stream])
+
+    order = rng(0).permutation(n) if shuffle else np.arange(n)
+    order = order[np.lexsort((src[order], tgt[order], sizes[order]))]
+    batches, current, longest = [], [], 0
+    cap = max_sentences or n
+    for i in order.tolist():
+        size = int(sizes[i])
+        grown = max(longest, size)
+        if current and (len(current) + 1 > cap or (len(current) + 1) * grown > max_tokens):
+            batches.append(current)
+            current, grown = [], size
+        current.append(i)
+        longest = grown
+    if current:
+        batches.append(current)
+    if shuffle:
+        batches = [batches[j] for j in rng(1).permutation(len(batches))]
+    if world_size > 1 and batches:
+        if drop_uneven:
+            batches = batches[: len(batches) - len(batches) % world_size]
+        elif pad_to_equal:
+            missing = -len(batches) % world_size
+            batches = batches + [batches[j % len(batches)] for j in range(missing)]
+        batches = batches[rank::world_size]
+    return batches
+
+
+def _cases():
+    """(src, tgt, max_tokens, max_sentences): size spreads, tie-heavy runs, budget-sized examples, zero lengths,
+    lengths past 255 and 65535 (wider sort keys), a single example and none; several input dtypes."""
+    rng = np.random.default_rng(0)
+    wmt = np.clip(rng.lognormal(2.5, 0.6, (2, 3000)), 1, 120).astype(np.uint16)
+    ties = rng.integers(1, 6, (2, 800)).astype(np.uint8)
+    at_budget = rng.integers(1, 51, (2, 600)).astype(np.int32)
+    at_budget[0, ::5] = 50  # size == max_tokens: one example per batch
+    # Every (src, tgt) in [0, 20]^2, and enough empty pairs for max_sentences to cut their batches.
+    pairs = np.array(list(itertools.product(range(21), repeat=2)) * 3 + [(0, 0)] * 9).T
+    long = rng.integers(1, 3000, (2, 1500))
+    very_long = rng.integers(60_000, 70_000, (2, 300)).astype(np.uint32)
+    return {
+        "wmt-like": (wmt[0], wmt[1], 512, None),
+        "wmt-like-max-sentences": (wmt[0], wmt[1], 512, 8),
+        "ties": (ties[0], ties[1], 12, 3),
+        "ties-no-cap": (ties[0], ties[1], 40, None),
+        "at-budget": (at_budget[0], at_budget[1], 50, 16),
+        "all-pairs-with-zeros": (pairs[0], pairs[1], 40, 5),
+        "all-pairs-uncapped": (pairs[0], pairs[1], 40, None),
+        "lengths-past-255": (long[0], long[1], 6000, None),
+        "lengths-past-65535": (very_long[0], very_long[1], 140_000, None),
+        "single": ([7], [3], 10, None),
+        "empty": (np.zeros(0, np.uint16), np.zeros(0, np.uint16), 10, None),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_matches_reference_implementation(case):
+    src, tgt, max_tokens, max_sentences = CASES[case]
+    flags = ({}, {"drop_uneven": True}, {"pad_to_equal": False})
+    for world_size, shuffle, flag in itertools.product((1, 2, 3), (True, False), flags):
+        for rank in range(world_size):
+            kw = {"max_tokens": max_tokens, "max_sentences": max_sentences, "shuffle": shuffle, "seed": 7,
+                  "rank": rank, "world_size": world_size, **flag}
+            sampler = TokenBudgetBatchSampler(src, tgt, **kw)
+            for e in (0, 2, 0):  # back to 0: the per-epoch cache must follow the epoch
+                sampler.set_epoch(e)
+                expected = reference_batches(src, tgt, epoch=e, **kw)
+                assert len(sampler) == len(expected)
+                assert list(sampler) == expected
+
+
+def test_matches_reference_on_multi30k(lengths):
+    settings = [(1, {}), (2, {}), (3, {"drop_uneven": True}), (2, {"shuffle": False, "pad_to_equal": False})]
+    for world_size, flag in settings:
+        for rank, e in itertools.product(range(world_size), (0, 1)):
+            kw = {"max_tokens": MAX_TOKENS, "max_sentences": MAX_SENTENCES, "seed": 3, "rank": rank,
+                  "world_size": world_size, **flag}
+            sampler = make(lengths, **kw)
+            sampler.set_epoch(e)
+            expected = reference_batches(*lengths, epoch=e, **kw)
+            assert len(expected) > 100 and len(sampler) == len(expected) and list(sampler) == expected
+
+
+def test_compact_inputs_are_used_without_copies(tmp_path):
+    rng = np.random.default_rng(5)
+    src = np.memmap(tmp_path / "src.bin", dtype=np.uint16, mode="w+", shape=(5000,))
+    src[:] = rng.integers(1, 300, len(src))
+    tgt = rng.integers(1, 200, len(src)).astype(np.int32)
+    sampler = TokenBudgetBatchSampler(src, tgt, max_tokens=2048, seed=2)
+    assert np.shares_memory(sampler.src_lengths, src) and np.shares_memory(sampler.tgt_lengths, tgt)
+    assert sampler.sizes.dtype == np.uint16 and np.array_equal(sampler.sizes, np.maximum(src, tgt))
+    assert TokenBudgetBatchSampler(tgt % 256, tgt % 200, max_tokens=2048).sizes.dtype == np.uint8
+    assert list(sampler) == reference_batches(np.array(src), tgt, max_tokens=2048, seed=2)
+
+
+def test_negative_lengths_are_rejected():
+    with pytest.raises(ValueError, match="must be >= 0"):
+        TokenBudgetBatchSampler([3, -1], [4, 5], max_tokens=10)
