@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from hydra.utils import get_class
 
-from seqmix.data.sources import LocalParallelSource, ParallelCorpus
+from seqmix.data.sources import CHUNK_SIZE, LocalParallelSource, ParallelCorpus
 from seqmix.errors import SeqmixError
 
 
@@ -60,6 +61,13 @@ class DistilledTrainSource:
 
     def _source_for(self, split: str):
         return self.distilled if self.distilled is not None and split == self.train_split else self.base
+
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[ParallelCorpus]:
+        """The chosen source's chunks; a base source with only ``read`` (a user's own) gives one chunk."""
+        source = self._source_for(split)
+        if hasattr(source, "iter_chunks"):
+            return source.iter_chunks(split, chunk_size)
+        return iter([source.read(split)])
 
     def read(self, split: str) -> ParallelCorpus:
         return self._source_for(split).read(split)

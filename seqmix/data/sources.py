@@ -1,17 +1,25 @@
 """Where parallel text comes from.
 
 Every source turns a split name into a :class:`ParallelCorpus` of raw (untokenized) strings, so the rest of the
-pipeline never cares whether the text came from local files, the Hugging Face hub or a generator.
+pipeline never cares whether the text came from local files, the Hugging Face hub or a generator. Sources stream:
+``iter_chunks(split, chunk_size)`` yields the split in corpora of at most ``chunk_size`` examples (so corpora of
+millions of lines never sit whole in Python lists), ``read(split)`` is those chunks concatenated, and
+``fingerprint(split)`` is a cache key computed without holding the split either.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import re
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, dataclass, fields
+from itertools import islice
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -58,33 +66,134 @@ class ParallelCorpus:
         return h.hexdigest()
 
 
-def _split_lines(text: str) -> list[str]:
-    """Split on LF only and drop one trailing CR per line, so other whitespace (incl. U+2028, NBSP) survives."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+CHUNK_SIZE = 20_000  # examples per chunk: big enough to amortize per-chunk work, small enough to never matter
+_BLOCK = 1 << 20  # bytes read (and hashed) at a time
+
+
+def check_chunk_size(chunk_size: int) -> int:
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise SeqmixError(f"chunk_size must be a positive integer, got {chunk_size!r}; pass e.g. chunk_size=20000")
+    return chunk_size
+
+
+def chunked(items: Iterable, chunk_size: int) -> Iterator[list]:
+    """Consecutive lists of at most ``chunk_size`` items, so no caller ever holds a whole split."""
+    it = iter(items)
+    while batch := list(islice(it, check_chunk_size(chunk_size))):
+        yield batch
+
+
+C = TypeVar("C")
+
+
+def concat_chunks(cls: type[C], chunks: Iterable[C]) -> C:
+    """One corpus from its chunks: how every ``read`` is built on ``iter_chunks``, so there is one reader.
+
+    A field that is ``None`` in the first chunk (e.g. ``references``) stays ``None``; no chunks gives an empty
+    corpus with the optional fields at their defaults.
+    """
+    merged = None
+    for chunk in chunks:
+        if merged is None:
+            merged = {f.name: None if (v := getattr(chunk, f.name)) is None else list(v) for f in fields(cls)}
+        else:
+            for name, values in merged.items():
+                if values is not None:
+                    values.extend(getattr(chunk, name))
+    if merged is None:
+        merged = {f.name: [] for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+    return cls(**merged)
+
+
+def hash_chunks(chunks: Iterable, *tags) -> str:
+    """sha256 of a corpus streamed chunk by chunk, for sources with no cheaper key (the chunking is part of the
+    key, so always pass the same chunk size)."""
+    h = hashlib.sha256(json.dumps(tags).encode())
+    for chunk in chunks:
+        for f in fields(chunk):
+            h.update(f"\0{f.name}\0".encode())
+            h.update(json.dumps(getattr(chunk, f.name), ensure_ascii=False).encode("utf-8"))
+    return h.hexdigest()
+
+
+def _is_gz(path: Path) -> bool:
+    return path.name.endswith(".gz")
+
+
+def _blocks(path: Path, decompress: bool) -> Iterator[bytes]:
+    """The file's bytes (decompressed for ``.gz`` when asked) in 1 MiB blocks; a corrupt gzip becomes one
+    ``SeqmixError`` naming the file, whenever it is noticed (a bad checksum only at the end)."""
+    gz = decompress and _is_gz(path)
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        while True:
+            try:
+                block = stream.read(_BLOCK)
+            except (OSError, EOFError, zlib.error) as e:
+                if not gz:
+                    raise
+                raise SeqmixError(f"{path} is not a valid gzip file ({e}); re-create or decompress it") from e
+            if not block:
+                return
+            yield block
+
+
+def hash_file(path: Path, h=None):
+    """sha256 of the file's bytes (as stored, not decompressed), hashed block by block."""
+    h = hashlib.sha256() if h is None else h
+    for block in _blocks(path, decompress=False):
+        h.update(block)
+    return h
+
+
+def _decode(data: bytes | bytearray, path: Path, lines_before: int, offset: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before + data.count(b"\n", 0, e.start) + 1
+        raise SeqmixError(f"{path} line {line} is not UTF-8 (bad byte at offset {offset + e.start}); convert the "
+                          f"file to UTF-8") from e
+
+
+def _strip_cr(lines: list[str]) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def read_text(path: Path) -> str:
-    """A plain or gzipped UTF-8 file's text, with one clear error for bad gzip or encoding."""
-    raw = path.read_bytes()
-    if path.name.endswith(".gz"):
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise SeqmixError(f"{path} is not a valid gzip file ({e}); re-create or decompress it") from e
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SeqmixError(f"{path} is not UTF-8 (bad byte at offset {e.start}); convert it to UTF-8") from e
+def iter_lines(path: Path) -> Iterator[str]:
+    """A plain or gzipped UTF-8 file's lines, streamed in 1 MiB blocks (decoded a block at a time, which is
+    much faster than per line and safe because LF never occurs inside a UTF-8 sequence).
+
+    Split on LF only and drop one trailing CR per line, so every other whitespace (NBSP, U+2028, a lone CR inside
+    a line) survives as the data ships; a last line without LF counts.
+    """
+    pending, lines_before, offset = bytearray(), 0, 0
+    for block in _blocks(path, decompress=True):
+        search_from = len(pending)
+        pending += block
+        cut = pending.rfind(b"\n", search_from) + 1
+        if not cut:
+            continue
+        text = _decode(pending[:cut], path, lines_before, offset)
+        offset += cut
+        del pending[:cut]
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the block's last LF
+        if "\r" in text:
+            lines = _strip_cr(lines)
+        lines_before += len(lines)
+        yield from lines
+    if pending:
+        yield _strip_cr([_decode(pending, path, lines_before, offset)])[0]
 
 
-def read_lines(path: Path) -> list[str]:
-    lines = _split_lines(read_text(path))
-    if not lines:
-        raise SeqmixError(f"{path} is empty; it must hold one sentence per line")
-    return lines
+def require_lines(lines: Iterable[str], path: Path, unit: str = "one sentence per line") -> Iterator[str]:
+    """``lines``, raising at the end if there were none: an empty file is a mistake, not an empty split."""
+    empty = True
+    for line in lines:
+        empty = False
+        yield line
+    if empty:
+        raise SeqmixError(f"{path} is empty; it must hold {unit}")
 
 
 def find_split_file(directory: Path, split: str, name: str, pattern: str) -> Path:
@@ -131,24 +240,36 @@ class LocalParallelSource:
         found = {m.group("split") for n in names if (m := re.fullmatch(rx, n))}
         return sorted(s for s in found if self.pattern.format(split=s, lang=self.tgt_lang) in names)
 
-    _read_lines = staticmethod(read_lines)
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[ParallelCorpus]:
+        """The split's pairs, reading both files in lockstep; a line-count mismatch is raised when one side ends
+        first (after the chunks before it were yielded: consumers discard partial output on any error)."""
+        check_chunk_size(chunk_size)
+        files = self._file(split, self.src_lang), self._file(split, self.tgt_lang)
+        src_lines, tgt_lines = (require_lines(iter_lines(f), f) for f in files)
+        done = 0
+        while True:
+            src, tgt = list(islice(src_lines, chunk_size)), list(islice(tgt_lines, chunk_size))
+            if len(src) != len(tgt):
+                n_src = done + len(src) + sum(1 for _ in src_lines)
+                n_tgt = done + len(tgt) + sum(1 for _ in tgt_lines)
+                raise SeqmixError(
+                    f"{files[0]} has {n_src} lines but {files[1]} has {n_tgt}; line i of one must translate "
+                    f"line i of the other, so fix the files to have equal line counts"
+                )
+            if not src:
+                return
+            done += len(src)
+            yield ParallelCorpus(src, tgt)
 
     def read(self, split: str) -> ParallelCorpus:
-        src_file, tgt_file = self._file(split, self.src_lang), self._file(split, self.tgt_lang)
-        src, tgt = self._read_lines(src_file), self._read_lines(tgt_file)
-        if len(src) != len(tgt):
-            raise SeqmixError(
-                f"{src_file} has {len(src)} lines but {tgt_file} has {len(tgt)}; line i of one must translate "
-                f"line i of the other, so fix the files to have equal line counts"
-            )
-        return ParallelCorpus(src, tgt)
+        return concat_chunks(ParallelCorpus, self.iter_chunks(split))
 
     def fingerprint(self, split: str) -> str:
         """sha256 of the two files' bytes: cheaper than hashing decoded text, and enough to key caches."""
         h = hashlib.sha256()
         for lang in (self.src_lang, self.tgt_lang):
             h.update(f"{lang}\0".encode())
-            h.update(self._file(split, lang).read_bytes())
+            hash_file(self._file(split, lang), h)
         return h.hexdigest()
 
 
@@ -226,29 +347,65 @@ class HFParallelSource:
             )
         return splits[hf_split]
 
-    def read(self, split: str) -> ParallelCorpus:
-        ds = self._dataset(split)
-        return ParallelCorpus(self._column(ds, self.src_lang), self._column(ds, self.tgt_lang))
+    def _text_column(self, ds, lang: str) -> tuple[str, Callable]:
+        """The Arrow column holding ``lang`` and how to get its texts out of a batch, from ``{field: {lang: ...}}``
+        records or a flat ``lang`` column; checked on the schema, so errors come before any text is read."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-    def _column(self, ds, lang: str) -> list[str]:
-        """Text of one language, from ``{field: {lang: ...}}`` records or a flat ``lang`` column."""
         if self.field in ds.column_names:
-            flat = ds.select_columns([self.field]).flatten()
-            column = f"{self.field}.{lang}"
-            if column not in flat.column_names:
-                found = [c.split(".", 1)[-1] for c in flat.column_names]
+            kind = ds.features.arrow_schema.field(self.field).type
+            found = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else [self.field]
+            if lang not in found:
                 raise SeqmixError(
                     f"{self._describe()} records have no language {lang!r} under {self.field!r} "
                     f"(found {found}); fix task.src_lang / task.tgt_lang"
                 )
-            return list(flat[column])
+            return self.field, lambda batch: pc.struct_field(batch.column(self.field), lang).to_pylist()
         if lang in ds.column_names:
-            return list(ds[lang])
+            return lang, self.flat_column(lang)
         raise SeqmixError(
             f"{self._describe()} has neither a {self.field!r} column nor a {lang!r} column (columns: "
             f"{ds.column_names}); set task.data.source.field to the column holding {{lang: text}} records, or fix the "
             f"language codes"
         )
+
+    @staticmethod
+    def flat_column(name: str) -> Callable:
+        return lambda batch: batch.column(name).to_pylist()
+
+    @staticmethod
+    def _batches(ds, columns: list[str], chunk_size: int) -> Iterator:
+        """Arrow tables of at most ``chunk_size`` rows holding only ``columns``: never a whole column in Python."""
+        check_chunk_size(chunk_size)
+        return ds.select_columns(sorted(set(columns))).with_format("arrow").iter(batch_size=chunk_size)
+
+    def _getters(self, ds) -> list[tuple[str, Callable]]:
+        return [self._text_column(ds, lang) for lang in (self.src_lang, self.tgt_lang)]
+
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[ParallelCorpus]:
+        ds = self._dataset(split)
+        (src_col, src), (tgt_col, tgt) = self._getters(ds)
+        for batch in self._batches(ds, [src_col, tgt_col], chunk_size):
+            yield ParallelCorpus(src(batch), tgt(batch))
+
+    def read(self, split: str) -> ParallelCorpus:
+        return concat_chunks(ParallelCorpus, self.iter_chunks(split))
+
+    def _read_key(self) -> list:
+        """What this class reads from a dataset, so two ways of reading one dataset get different keys."""
+        return [self.field, self.src_lang, self.tgt_lang]
+
+    def fingerprint(self, split: str) -> str:
+        """The dataset's own fingerprint (``datasets`` derives it from the data files or the saved state) with what
+        is read from it: instant, where hashing the text would read it all. Without one: a streamed text hash."""
+        ds = self._dataset(split)
+        self._getters(ds)  # a wrong field or language fails here, before a cache is keyed on it
+        key = [type(self).__name__, *self._read_key()]
+        own = getattr(ds, "_fingerprint", None)
+        if own:
+            return hashlib.sha256(json.dumps([*key, own]).encode()).hexdigest()
+        return hash_chunks(self.iter_chunks(split), *key)
 
 
 class ToyReverseSource:
@@ -289,15 +446,25 @@ class ToyReverseSource:
             parts.append(syllables[r])
         return "".join(reversed(parts))
 
-    def read(self, split: str) -> ParallelCorpus:
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[ParallelCorpus]:
+        """The split generated chunk by chunk from one generator, so the chunks concatenate to ``read``."""
+        check_chunk_size(chunk_size)
         if split not in self.sizes:
             raise SeqmixError(f"ToyReverseSource has splits {list(SPLITS)}, not {split!r}; fix task.data.splits")
         # (seed, split index) seeds an independent stream per split, so splits never share a generator.
         rng = np.random.default_rng([self.seed, SPLITS.index(split)])
-        src, tgt = [], []
-        for _ in range(self.sizes[split]):
-            n = int(rng.integers(self.min_len, self.max_len + 1))
-            words = [self.words[j] for j in rng.integers(0, len(self.words), size=n)]
-            src.append(" ".join(words))
-            tgt.append(" ".join(reversed(words)))
-        return ParallelCorpus(src, tgt)
+        for start in range(0, self.sizes[split], chunk_size):
+            src, tgt = [], []
+            for _ in range(min(chunk_size, self.sizes[split] - start)):
+                n = int(rng.integers(self.min_len, self.max_len + 1))
+                words = [self.words[j] for j in rng.integers(0, len(self.words), size=n)]
+                src.append(" ".join(words))
+                tgt.append(" ".join(reversed(words)))
+            yield ParallelCorpus(src, tgt)
+
+    def read(self, split: str) -> ParallelCorpus:
+        return concat_chunks(ParallelCorpus, self.iter_chunks(split))
+
+    def fingerprint(self, split: str) -> str:
+        """A hash of the generated text (not of the settings), so a change in how it is generated is noticed."""
+        return hash_chunks(self.iter_chunks(split), type(self).__name__, split)

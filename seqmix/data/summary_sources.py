@@ -13,10 +13,19 @@ import ast
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from seqmix.data.sources import ParallelCorpus, _split_lines, find_split_file, read_text
+from seqmix.data.sources import (
+    CHUNK_SIZE,
+    ParallelCorpus,
+    chunked,
+    concat_chunks,
+    find_split_file,
+    hash_file,
+    iter_lines,
+    require_lines,
+)
 from seqmix.errors import SeqmixError
 
 
@@ -52,12 +61,9 @@ class JsonlSummarySource:
     def _file(self, split: str) -> Path:
         return find_split_file(self.path, split, self.pattern.format(split=split), self.pattern)
 
-    def read(self, split: str) -> ParallelCorpus:
-        path = self._file(split)
-        lines = [line for line in _split_lines(read_text(path)) if line.strip()]
-        if not lines:
-            raise SeqmixError(f"{path} is empty; it must hold one record per line")
-        src, refs = [], []
+    def _examples(self, path: Path) -> Iterator[tuple[str, list[str]]]:
+        """(document, summaries) per non-blank line, streamed; lines are numbered among the non-blank ones."""
+        lines = require_lines((line for line in iter_lines(path) if line.strip()), path, "one record per line")
         for n, line in enumerate(lines, 1):
             where = f"{path} line {n}"
             record = parse_record(line, where)
@@ -68,11 +74,16 @@ class JsonlSummarySource:
             if not summaries:
                 raise SeqmixError(f"{where} has none of the summary fields {self.target_fields} (fields: "
                                   f"{sorted(record)}); set task.data.source.target_fields")
-            src.append(" ".join(_texts(record[self.source_field])))
-            refs.append(summaries)
-        return ParallelCorpus(src, [r[0] for r in refs], references=refs)
+            yield " ".join(_texts(record[self.source_field])), summaries
+
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[ParallelCorpus]:
+        for examples in chunked(self._examples(self._file(split)), chunk_size):
+            refs = [summaries for _, summaries in examples]
+            yield ParallelCorpus([doc for doc, _ in examples], [r[0] for r in refs], references=refs)
+
+    def read(self, split: str) -> ParallelCorpus:
+        return concat_chunks(ParallelCorpus, self.iter_chunks(split))
 
     def fingerprint(self, split: str) -> str:
         h = hashlib.sha256(json.dumps([self.source_field, self.target_fields]).encode())
-        h.update(self._file(split).read_bytes())
-        return h.hexdigest()
+        return hash_file(self._file(split), h).hexdigest()

@@ -1,17 +1,28 @@
 """Where language-modeling text comes from: one line = one document or sentence (as WikiText and lm1b ship).
 
-Every source turns a split name into a :class:`TextCorpus` of raw lines; the data module appends ``</s>``
-after each line (so blank lines become a lone ``</s>``, as in the standard WikiText token counts).
+Every source turns a split name into a :class:`TextCorpus` of raw lines (streamed in chunks by ``iter_chunks``, as
+the parallel sources do); the data module appends ``</s>`` after each line (so blank lines become a lone ``</s>``,
+as in the standard WikiText token counts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seqmix.data.sources import HFParallelSource, find_split_file, read_lines
+from seqmix.data.sources import (
+    CHUNK_SIZE,
+    HFParallelSource,
+    chunked,
+    concat_chunks,
+    find_split_file,
+    hash_file,
+    iter_lines,
+    require_lines,
+)
 from seqmix.errors import SeqmixError
 
 
@@ -47,11 +58,17 @@ class LocalTextSource:
     def _file(self, split: str) -> Path:
         return find_split_file(self.path, split, self.pattern.format(split=split), self.pattern)
 
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[TextCorpus]:
+        path = self._file(split)
+        for lines in chunked(require_lines(iter_lines(path), path), chunk_size):
+            yield TextCorpus(lines)
+
     def read(self, split: str) -> TextCorpus:
-        return TextCorpus(read_lines(self._file(split)))
+        return concat_chunks(TextCorpus, self.iter_chunks(split))
 
     def fingerprint(self, split: str) -> str:
-        return hashlib.sha256(self._file(split).read_bytes()).hexdigest()
+        """sha256 of the file's bytes (streamed)."""
+        return hash_file(self._file(split)).hexdigest()
 
 
 class HFTextSource(HFParallelSource):
@@ -66,9 +83,20 @@ class HFTextSource(HFParallelSource):
                          revision=revision)
         self.text_field = text_field
 
-    def read(self, split: str) -> TextCorpus:
-        ds = self._dataset(split)
+    def _getters(self, ds) -> list:
         if self.text_field not in ds.column_names:
             raise SeqmixError(f"{self._describe()} has no {self.text_field!r} column (columns: {ds.column_names}); "
                               "set task.data.source.text_field")
-        return TextCorpus([line.rstrip("\n") for line in ds[self.text_field]])
+        return [(self.text_field, self.flat_column(self.text_field))]
+
+    def _read_key(self) -> list:
+        return [self.text_field]
+
+    def iter_chunks(self, split: str, chunk_size: int = CHUNK_SIZE) -> Iterator[TextCorpus]:
+        ds = self._dataset(split)
+        [(column, text)] = self._getters(ds)
+        for batch in self._batches(ds, [column], chunk_size):
+            yield TextCorpus([line.rstrip("\n") for line in text(batch)])
+
+    def read(self, split: str) -> TextCorpus:
+        return concat_chunks(TextCorpus, self.iter_chunks(split))
