@@ -27,7 +27,7 @@ test-fast:
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint:
-	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py
+	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

@@ -248,7 +248,7 @@ def load_checkpoint_and_data(ckpt: Path, limit: int | None, device: torch.device
     too_long = sum(len(ids) + 1 > max_src for ids in src_ids)
     if too_long:
         raise SeqmixError(f"{too_long} val sentences exceed max_source_positions={max_src}; cannot benchmark")
-    dataset = PairDataset(src_ids, [[] for _ in src_ids], src_texts, ref_texts)
+    dataset = PairDataset.from_lists(src_ids, [[] for _ in src_ids], src_texts, ref_texts)
     refs = [tokenizer.normalize_reference(r) for r in ref_texts]
     gen_opts = dict(OmegaConf.to_container(train_cfg.task.generation, resolve=True))
     bleu_opts = dict(OmegaConf.to_container(train_cfg.task.bleu, resolve=True))
@@ -265,7 +265,8 @@ def _subset(dataset, n: int):
     from seqmix.data import PairDataset
 
     n = min(n, len(dataset))
-    return PairDataset(dataset.src[:n], dataset.tgt[:n], dataset.src_texts[:n], dataset.tgt_texts[:n])
+    return PairDataset.from_lists(dataset.src.tolist()[:n], dataset.tgt.tolist()[:n], dataset.src_texts[:n],
+                                  dataset.tgt_texts[:n])
 
 
 def measure(loaded: Loaded, generate: Generate, max_tokens: int, device: torch.device,

@@ -138,7 +138,7 @@ def synthetic_batches(n: int, max_tokens: int, vocab_size: int, max_positions: i
     first = 4  # after bos, pad, eos, unk
     src = [rng.integers(first, vocab_size, size=k).tolist() for k in src_len]
     tgt = [rng.integers(first, vocab_size, size=k).tolist() for k in tgt_len]
-    ds = PairDataset(src, tgt, [""] * count, [""] * count, eos=tok.eos)
+    ds = PairDataset.from_lists(src, tgt, [""] * count, [""] * count, eos=tok.eos)
     sampler = TokenBudgetBatchSampler(ds.src_sizes, ds.tgt_sizes, max_tokens, shuffle=True, seed=seed)
     batches = [collate_pairs([ds[i] for i in idx], tok.pad, tok.bos, tok.eos) for idx in sampler]
     return [batches[i % len(batches)] for i in range(n)]

@@ -143,8 +143,10 @@ def test_mismatched_line_counts(tmp_path):
     data.mkdir()
     write_gz(data / "train.en.gz", ["a b", "c d", "e f"])
     write_gz(data / "train.de.gz", ["a b", "c d"])
+    write_gz(data / "val.en.gz", ["a b"])
+    write_gz(data / "val.de.gz", ["a b"])
     proc = run("train.py", ["task=multi30k_ende", f"task.data.source.path={data}", "logger=csv"], tmp_path)
-    assert_clean_failure(proc, tmp_path, "seqmix: error:", "3", "2")
+    assert_clean_failure(proc, tmp_path, "seqmix: error:", "has 3 lines", "has 2")
 
 
 def test_empty_training_file(tmp_path):

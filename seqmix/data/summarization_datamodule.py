@@ -9,7 +9,7 @@ from seqmix.errors import SeqmixError
 class SummarizationDataModule(TranslationDataModule):
     """``truncate_source``: keep the first N subword tokens of every document (400 for CNN-DM, as See et al. 2017
     and Wu et al. 2019), before the end-of-sequence token; null keeps documents whole (and too-long pairs are
-    skipped, as in translation)."""
+    skipped, as in translation). Truncation happens when rows are read, so the store keeps whole documents."""
 
     def __init__(self, *args, truncate_source: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -17,8 +17,3 @@ class SummarizationDataModule(TranslationDataModule):
             raise SeqmixError(f"task.data.truncate_source={truncate_source} must be between 1 and "
                               f"max_source_positions - 1 = {self.max_source_positions - 1} (one position is the eos)")
         self.truncate_source = truncate_source
-
-    def prepare_sources(self, src: list[list[int]]) -> list[list[int]]:
-        if self.truncate_source is None:
-            return src
-        return [ids[: self.truncate_source] for ids in src]

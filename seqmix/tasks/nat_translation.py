@@ -138,7 +138,7 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         """Decode ``sources`` in token-budget batches (``overrides``: NAT_OPTIONS) and score them."""
         decoder = self.decoder_settings(**overrides)
         ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
-        dataset = PairDataset(ids, [[] for _ in ids], sources, ["" for _ in ids])
+        dataset = PairDataset.from_lists(ids, [[] for _ in ids], sources, ["" for _ in ids])
         device = next(self.model.parameters()).device
         sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.src_sizes, max_tokens=max_tokens,
                                           max_sentences=max_sentences, shuffle=False)

@@ -104,7 +104,7 @@ class TranslationTask(SeqmixTask):
             raise SeqmixError(f"{sorted(unknown)} do not apply to {type(self).__name__}; beam options are "
                               f"{list(BEAM_OPTIONS)}")
         ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
-        dataset = PairDataset(ids, [[] for _ in ids], sources, ["" for _ in ids])
+        dataset = PairDataset.from_lists(ids, [[] for _ in ids], sources, ["" for _ in ids])
         device = next(self.model.parameters()).device
         hyps, _ = decode_dataset(self.model, self.tokenizer, dataset, self.beam_search(**overrides), max_tokens, device,
                                  max_sentences)

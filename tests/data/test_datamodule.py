@@ -93,11 +93,11 @@ def test_setup_is_idempotent_and_second_setup_uses_cache(dm, data_dir, cache_dir
         raise AssertionError("cache miss: this should not run")
 
     monkeypatch.setattr("seqmix.data.tokenizer.train_tokenizer", boom)
-    monkeypatch.setattr(Tokenizer, "encode_batch", boom)
+    monkeypatch.setattr(Tokenizer, "encode_flat", boom)
     again = multi30k_dm(data_dir, cache_dir)
     again.setup("fit")  # tokenizer-only callers can stop here
     assert again.tokenizer.to_json() == tok.to_json()
-    assert again.datasets["train"].src == datasets["train"].src
+    assert again.datasets["train"].src.tolist() == datasets["train"].src.tolist()
     assert again.references("valid") == dm.references("valid")
 
 
@@ -128,7 +128,7 @@ def test_skipped_eval_pairs_are_logged_as_warning(data_dir, cache_dir, caplog):
 
 
 def test_collate_pairs_exact():
-    ds = PairDataset([[5, 6, 7], [8]], [[9], [10, 11, 12]], ["a", "b"], ["c", "d"])
+    ds = PairDataset.from_lists([[5, 6, 7], [8]], [[9], [10, 11, 12]], ["a", "b"], ["c", "d"])
     batch = collate_pairs([ds[1], ds[0]], pad=1, bos=0, eos=2)
     assert batch["id"].tolist() == [1, 0]
     assert batch["src_tokens"].tolist() == [[8, 2, 1, 1], [5, 6, 7, 2]]
@@ -156,7 +156,7 @@ class EmptySource:
 
 
 def test_config_errors(tmp_path):
-    with pytest.raises(SeqmixError, match="no pairs"):
+    with pytest.raises(SeqmixError, match="no examples"):
         TranslationDataModule(EmptySource(), "en", "de", {"train": "train"}, {}, cache_dir=str(tmp_path)).setup()
     with pytest.raises(SeqmixError, match="'train'"):
         TranslationDataModule(EmptySource(), "en", "de", {"valid": "val"}, {}, cache_dir=str(tmp_path))

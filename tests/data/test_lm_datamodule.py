@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,8 +66,8 @@ def test_wikitext2_token_counts_match_the_official_ones(shared_data, tmp_path):
     assert dm.datasets["train"].num_targets == 2_088_628
     assert dm.datasets["valid"].num_targets == 217_646
     assert dm.tokenizer.vocab_size == 33_277 + 3  # + <s> <pad> </s>
-    stream = dm.datasets["train"].stream
-    assert int(stream.eq(dm.tokenizer.unk).sum()) > 0 and int(stream.eq(dm.tokenizer.eos).sum()) == 36_718 + 1
+    stream = np.asarray(dm.datasets["train"].stream)
+    assert (stream == dm.tokenizer.unk).sum() > 0 and (stream == dm.tokenizer.eos).sum() == 36_718 + 1
 
 
 def test_hf_text_source_reads_local_datasets_files(tmp_path):
@@ -95,15 +96,20 @@ def test_settings_errors_are_clear(tmp_path):
                tokenizer={"kind": "chars"}).setup()
 
 
-def test_encoded_splits_are_cached(tmp_path):
+def test_encoded_splits_are_stored_once(tmp_path, monkeypatch):
     data = write_splits(tmp_path / "d", train=TEXT, valid=TEXT)
     first = module(LocalTextSource(str(data)), tmp_path)
     first.setup()
-    cached = sorted((tmp_path / "cache").rglob("lm-*.pt"))
-    assert len(cached) == 2
+    stores = sorted((tmp_path / "cache").rglob("*.store"))
+    assert [p.name.split("-")[0] for p in stores] == ["train", "valid"]
+
+    def boom(*a, **k):
+        raise AssertionError("the store should have been read, not rebuilt")
+
+    monkeypatch.setattr(Tokenizer, "encode_flat", boom)
     second = module(LocalTextSource(str(data)), tmp_path)
     second.setup()
-    assert torch.equal(first.datasets["train"].stream, second.datasets["train"].stream)
+    assert np.array_equal(first.datasets["train"].stream, second.datasets["train"].stream)
 
 
 @pytest.mark.parametrize("split,shuffle", [("train", True), ("valid", False)])
@@ -130,4 +136,4 @@ def test_ranks_see_distinct_blocks_that_cover_the_split(tmp_path, split, shuffle
     ids = sorted(i for batch in distinct for i in batch)
     assert ids == list(range(len(ds)))
     tokens = torch.cat([ds[i]["target"][ds[i]["target"].ne(dm.tokenizer.pad)] for i in ids])
-    assert torch.equal(tokens, ds.stream[1:])
+    assert torch.equal(tokens, torch.from_numpy(np.asarray(ds.stream[1:], dtype=np.int64)))

@@ -81,9 +81,11 @@ def test_summarization_module_truncates_documents_and_keeps_references(shared_da
     dm.setup()
     whole = SummarizationDataModule(source, **args)
     whole.setup()
-    sizes = [len(s) for s in dm.datasets["valid"].src]
-    assert max(sizes) == 50 and max(len(s) for s in whole.datasets["valid"].src) > 50
-    assert all(a == b[:50] for a, b in zip(dm.datasets["valid"].src, whole.datasets["valid"].src))
+    cut, full = dm.datasets["valid"], whole.datasets["valid"]
+    sources = [cut[i]["source"][:-1].tolist() for i in range(len(cut))]  # without the eos
+    assert max(map(len, sources)) == 50 and max(full.src.sizes) > 50
+    assert all(a == full[i]["source"][:-1].tolist()[:50] for i, a in enumerate(sources))
+    assert cut.src_sizes.tolist() == [len(a) + 1 for a in sources]
     refs = dm.reference_sets("valid")
     assert len(refs) == 619 and max(map(len, refs)) == 4
     assert refs[0] == [dm.tokenizer.normalize_reference(r) for r in source.read("dev").reference_sets()[0]]

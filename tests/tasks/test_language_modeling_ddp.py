@@ -10,6 +10,7 @@ import math
 import os
 import socket
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -120,7 +121,8 @@ def test_two_process_gloo_ddp_distinct_blocks_and_aggregated_perplexity(tmp_path
 
     model = tiny_lm(dm.tokenizer).double().eval()
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
-    expect, count = whole_split_perplexity(model, dm.datasets["valid"].stream)
+    stream = torch.as_tensor(np.asarray(dm.datasets["valid"].stream, dtype=np.int64))
+    expect, count = whole_split_perplexity(model, stream)
     assert count == sum(len(line.split()) + 1 for line in VALID)
     for r in ranks:  # every rank reports the whole split, not its half (nor the repeated batch twice)
         assert r["ppl"] == pytest.approx(expect, rel=1e-9)

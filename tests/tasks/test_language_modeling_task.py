@@ -6,6 +6,7 @@ import functools
 import math
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,7 @@ def test_validation_perplexity_is_exp_mean_nll_over_the_split(dm, mixer):
     trainer.validate(task, datamodule=dm, verbose=False)
     report = task.reports["valid"]
     # independently: full log-softmax (not the adaptive NLL path) over every 32-token block of the stream
-    stream = dm.datasets["valid"].stream
+    stream = torch.as_tensor(np.asarray(dm.datasets["valid"].stream, dtype=np.int64))
     nll, count = 0.0, 0
     with torch.no_grad():
         for start in range(1, len(stream), 32):

@@ -1,0 +1,21 @@
+"""Encode a task's data into token stores once: `python preprocess.py task=wmt_ende` (see README)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from seqmix.cli.common import user_errors_exit
+from seqmix.cli.resolvers import register_resolvers
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="preprocess")
+@user_errors_exit
+def main(cfg: DictConfig):
+    from seqmix.cli.preprocess import preprocess
+
+    preprocess(cfg)
+
+
+if __name__ == "__main__":
+    main()

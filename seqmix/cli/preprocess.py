@@ -1,0 +1,21 @@
+"""`python preprocess.py task=<task>`: train or load the tokenizer and write every split's token store, so that
+training (on any number of processes) starts by memory-mapping them."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+
+def preprocess(cfg: DictConfig) -> None:
+    start = time.perf_counter()
+    datamodule = instantiate(cfg.task.data, _convert_="all")
+    logging.getLogger("seqmix.data").setLevel(logging.WARNING)  # the summary below says it once
+    datamodule.setup("fit")
+    print(f"task {cfg.task.name}: tokenizer with {datamodule.tokenizer.vocab_size:,} ids")
+    for line in datamodule.summary():
+        print(line)
+    print(f"ready in {time.perf_counter() - start:.1f} s")
