@@ -1,8 +1,9 @@
 """`python -m benchmarks.run` (`make bench`): mixer speed/memory sweep, training throughput of the Multi30k
-recipes, autoregressive decoding speed and non-autoregressive (DisCo/CMLM) decoding against their teacher.
+recipes, autoregressive decoding speed, non-autoregressive (DisCo/CMLM) decoding against their teacher, and the data
+pipeline at WMT scale (token stores against the previous in-memory path).
 
 Writes ``benchmarks/results/<timestamp>/``: ``results.json`` (everything, incl. environment) and per section a CSV
-and a PNG: ``mixers.*`` (time and memory vs T, log-log), ``training.*``, ``decoding.*``, ``nat.*``.
+and a PNG: ``mixers.*`` (time and memory vs T, log-log), ``training.*``, ``decoding.*``, ``nat.*``, ``data.*``.
 Exits with status 1 when a mixer failed its correctness check or a training recipe failed to train, so a broken
 op cannot pass unnoticed.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import decoding, registry, training
+from benchmarks import data, decoding, registry, training
 from benchmarks.mixers import (
     DEFAULT_LENGTHS,
     MixerBenchConfig,
@@ -35,7 +36,8 @@ from benchmarks.mixers import (
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_MAX_T, QUICK_REPEATS, QUICK_LIMIT = 512, 2, 100
 QUICK_BATCH1_LIMIT = 20
-SECTIONS = ("mixers", "training", "decoding", "nat")
+QUICK_DATA_SIZES, QUICK_LM_TOKENS, QUICK_DATA_BATCHES = (20_000,), 1_000_000, 50
+SECTIONS = ("mixers", "training", "decoding", "nat", "data")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help=f"smoke run: T <= {QUICK_MAX_T}, {QUICK_REPEATS} repeats (mixers and training), 1 "
-                   f"training warm-up, --limit {QUICK_LIMIT}, --batch1-limit {QUICK_BATCH1_LIMIT}")
+                   f"training warm-up, --limit {QUICK_LIMIT}, --batch1-limit {QUICK_BATCH1_LIMIT}, data at "
+                   f"{QUICK_DATA_SIZES[0]:,} pairs and {QUICK_LM_TOKENS:,} LM tokens")
     p.add_argument("--only", choices=SECTIONS, nargs="+", metavar="SECTION",
                    help=f"run only these sections ({', '.join(SECTIONS)}); default: all")
     g = p.add_argument_group("mixers")
@@ -87,6 +90,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch size 1 decodes only the first N val sentences (0: as many as --limit)")
     n.add_argument("--length-beam", type=int, default=None, help="NAT candidate lengths (default: the checkpoint's)")
     n.add_argument("--max-iterations", type=int, default=None, help="NAT passes at most (default: the checkpoint's)")
+    a = p.add_argument_group("data (synthetic WMT-like corpora and an LM stream; see benchmarks/data.py)")
+    a.add_argument("--data-sizes", type=int, nargs="+", default=list(data.DEFAULT_SIZES), metavar="PAIRS",
+                   help="translation corpus sizes measured on token stores (two processes share the largest)")
+    a.add_argument("--legacy-sizes", type=int, nargs="*", default=list(data.DEFAULT_LEGACY_SIZES), metavar="PAIRS",
+                   help=f"sizes also measured on the previous in-memory path (commit {data.LEGACY_COMMIT[:10]}); "
+                   "none to skip")
+    a.add_argument("--lm-tokens", type=int, default=data.DEFAULT_LM_TOKENS, help="LM stream size (0: skip)")
+    a.add_argument("--data-batches", type=int, default=data.LOADER_BATCHES,
+                   help="training batches timed for loader throughput (0 and 2 workers)")
+    a.add_argument("--data-work", type=Path, default=None,
+                   help="folder for the generated corpora and caches (default: a temporary folder, deleted)")
+    a.add_argument("--keep-data", action="store_true", help="keep the generated corpora and stores")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results/<timestamp>)")
@@ -98,6 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch1_limit = min(args.batch1_limit or QUICK_BATCH1_LIMIT, QUICK_BATCH1_LIMIT)
         args.train_repeats = min(args.train_repeats, QUICK_REPEATS)
         args.train_warmup = min(args.train_warmup, 1)
+        args.data_sizes = [n for n in args.data_sizes if n <= QUICK_DATA_SIZES[0]] or list(QUICK_DATA_SIZES)
+        args.legacy_sizes = [n for n in args.legacy_sizes if n <= QUICK_DATA_SIZES[0]] or (
+            list(QUICK_DATA_SIZES) if args.legacy_sizes else [])
+        args.lm_tokens = min(args.lm_tokens, QUICK_LM_TOKENS)
+        args.data_batches = min(args.data_batches, QUICK_DATA_BATCHES)
     args.only = [s for s in SECTIONS if s in (args.only or SECTIONS)]
     return args
 
@@ -235,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         print(warning)
     report: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                     "started": datetime.now().isoformat(timespec="seconds"), "warning": warning}
-    failed, failed_training = [], []
+    failed, failed_training, failed_data = [], [], []
 
     if "mixers" in args.only:
         cfg = MixerBenchConfig(lengths=tuple(args.lengths), embed_dim=args.embed_dim, token_budget=args.token_budget,
@@ -280,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(out_dir / "training.csv", training.as_dicts(rows))
         report["training"] = {"info": info, "rows": training.as_dicts(rows)}
         if any(r.ok for r in rows):
-            data = "synthetic batches" if info["data"] == [training.SYNTHETIC] else "Multi30k train batches"
+            kind = "synthetic batches" if info["data"] == [training.SYNTHETIC] else "Multi30k train batches"
             training.plot(rows, out_dir / "training.png",
-                          f"training updates, {data}, {info['device']} ({info['torch_threads']} threads)")
+                          f"training updates, {kind}, {info['device']} ({info['torch_threads']} threads)")
         failed_training = [r for r in rows if not r.ok]
 
     if "decoding" in args.only:
@@ -316,6 +336,32 @@ def main(argv: list[str] | None = None) -> int:
             report["nat"] = {"info": res["info"], "rows": decoding.as_dicts(res["rows"])}
             plot_nat(res["rows"], out_dir / "nat.png", f"Multi30k val, {res['info'][0]['device']}")
 
+    if "data" in args.only:
+        print("\n== data: token stores against the previous in-memory path, synthetic WMT-like corpora (fresh process "
+              "per figure)")
+        res = data.run_data_benchmark(sizes=tuple(args.data_sizes), legacy_sizes=tuple(args.legacy_sizes),
+                                      lm_tokens=args.lm_tokens, work=args.data_work, data_dir=args.data_dir and
+                                      args.data_dir.parent, batches=args.data_batches, threads=args.threads,
+                                      keep=args.keep_data, synthetic_steps=args.synthetic)
+        info = res["info"]
+        print(f"\nrecipe step rate (the baseline of 'x step'): {info['recipe_steps_per_s']:.2f} updates/s "
+              f"({info['recipe']}); prep = preprocess.py (legacy: its first run), start = process start to the first "
+              "training batch with the store (legacy: its cache) present; anon/file MB = private/file-backed RSS "
+              "grown from the imports to the first batch; b/s = training batches/s with 0 and 2 workers\n")
+        print(data.format_table(res["rows"]))
+        if res["ratios"]:
+            print("\n" + data.format_ratios(res["ratios"]))
+        if res["sharing"]:
+            print("\n" + data.format_sharing(res["sharing"]))
+        if res["targets"]:
+            print("\n" + data.format_targets(res["targets"]))
+        write_csv(out_dir / "data.csv", data.as_dicts(res["rows"]))
+        report["data"] = {"info": info, "rows": data.as_dicts(res["rows"]), "ratios": res["ratios"],
+                          "sharing": [asdict(s) for s in res["sharing"]], "targets": res["targets"]}
+        if any(r.status == "ok" and r.corpus == "translation" for r in res["rows"]):
+            data.plot(res["rows"], out_dir / "data.png", "synthetic WMT-like corpora: token stores vs the in-memory path")
+        failed_data = [r for r in res["rows"] if r.status != "ok"]
+
     report["seconds"] = time.perf_counter() - started
     (out_dir / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"\nresults: {out_dir}  ({report['seconds']:.0f}s)")
@@ -328,7 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failed_training)} training recipe(s) failed; no numbers reported for them:", file=sys.stderr)
         for r in failed_training:
             print(f"  {r.model}: {r.status}", file=sys.stderr)
-    return 1 if failed or failed_training else 0
+    if failed_data:
+        print(f"{len(failed_data)} data measurement(s) failed:", file=sys.stderr)
+        for r in failed_data:
+            print(f"  {r.corpus} {r.size:,} {r.path}: {r.status}", file=sys.stderr)
+    return 1 if failed or failed_training or failed_data else 0
 
 
 if __name__ == "__main__":
