@@ -11,7 +11,8 @@ import pytest
 from tests.helpers import describe, run
 from tests.test_train import assert_clean_failure, checkpoints
 
-pytestmark = pytest.mark.slow
+# Every test reads WikiText-2 or DialogSum from ../shared (skipped without it, a failure in CI).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_data")]
 
 QUICK = ["logger=csv", "~callbacks.progress_bar", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
          "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "model.embed_dim=32"]
