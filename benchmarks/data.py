@@ -33,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.plotting import save_figure, style_log_axes
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LEGACY_COMMIT = "dc4faa371d0a9f759f5edc7c4d6d72e7ea7e13cd"  # in-memory lists, per-process encoding cache
 DEFAULT_SIZES = (500_000, 1_000_000, 4_500_000)
@@ -534,13 +536,5 @@ def plot(rows: list[DataRow], path: Path, title: str) -> None:
                    and r.status == "ok" and getattr(r, key) is not None]
             if pts:
                 ax.plot(*zip(*sorted(pts)), style, label=path_name)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("training pairs")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        style_log_axes(ax, "training pairs", label)
+    save_figure(fig, path, title)

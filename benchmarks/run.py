@@ -32,6 +32,7 @@ from benchmarks.mixers import (
     run_mixer_benchmark,
     scaling,
 )
+from benchmarks.plotting import save_figure, style_log_axes
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK_MAX_T, QUICK_REPEATS, QUICK_LIMIT = 512, 2, 100
@@ -161,16 +162,8 @@ def plot_mixers(rows: list[PointResult], path: Path, title: str) -> None:
             t0, v0 = ok[0].T, getattr(ok[0], key)
             ts = sorted({r.T for r in ok})
             ax.plot(ts, [v0 * t / t0 for t in ts], ":", color="gray", label="∝ T (quadratic cost)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T (batch = token budget // T)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        style_log_axes(ax, "sequence length T (batch = token budget // T)", ylabel, xbase=2)
+    save_figure(fig, path, title)
 
 
 def plot_decoding(rows: list[decoding.DecodeResult], path: Path, title: str) -> None:
@@ -195,9 +188,7 @@ def plot_decoding(rows: list[decoding.DecodeResult], path: Path, title: str) -> 
     ax.set_ylim(0, max(r.sentences_per_s for r in rows) * 1.35)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_nat(rows: list[decoding.DecodeResult], path: Path, title: str) -> None:
@@ -225,10 +216,7 @@ def plot_nat(rows: list[decoding.DecodeResult], path: Path, title: str) -> None:
         ax.set_ylim(0, max(r.sentences_per_s for r in pts) * 1.5)
         ax.set_ylabel("sentences / s")
         ax.set_title(f"{group} ({pts[0].sentences} sent.)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 def _contention_warning() -> str | None:

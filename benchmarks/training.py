@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.plotting import save_figure
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 BASELINE = "transformer_small"
@@ -371,6 +373,4 @@ def plot(rows: list[TrainResult], path: Path, title: str) -> None:
     ax.set_ylabel("target tokens / s (training updates)")
     ax.set_ylim(0, max([r.tokens_per_s for r in ok] or [1]) * 1.35)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
