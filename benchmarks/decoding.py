@@ -228,9 +228,9 @@ def load_checkpoint_and_data(ckpt: Path, limit: int | None, device: torch.device
                              log=print) -> Loaded:
     from omegaconf import OmegaConf
 
-    from seqmix.cli.common import count_parameters
     from seqmix.cli.generate import load_task
     from seqmix.data import LocalParallelSource, PairDataset
+    from seqmix.models import count_parameters
 
     task, train_cfg = load_task(str(ckpt))
     name = train_cfg.task.name

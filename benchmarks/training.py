@@ -205,7 +205,8 @@ def measure_model(model: str, batches: list[dict], tokenizer, data: str, warmup:
     """Build the recipe's model + optimizer, run ``warmup`` untimed then ``repeats`` timed updates."""
     from hydra.utils import instantiate
 
-    from seqmix.cli.common import build_task, count_parameters
+    from seqmix.cli.common import build_task
+    from seqmix.models import count_parameters
 
     cfg = cfg if cfg is not None else compose_recipe(model, overrides)
     accum = int(cfg.trainer.get("accumulate_grad_batches") or 1)

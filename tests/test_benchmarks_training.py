@@ -11,7 +11,8 @@ import torch
 
 from benchmarks import run as bench_run
 from benchmarks import training
-from seqmix.cli.common import build_task, count_parameters, task_class
+from seqmix.cli.common import build_task, task_class
+from seqmix.models import count_parameters
 from tests.benchmark_fixtures import one_thread  # noqa: F401  (autouse fixture)
 
 SMALL = dict(warmup=0, repeats=2, max_tokens=64, device="cpu", synthetic=True, log=lambda *_: None)

@@ -10,11 +10,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from seqmix.cli.common import build_model, count_parameters, task_class
+from seqmix.cli.common import build_model, task_class
 from seqmix.cli.resolvers import register_resolvers
 from seqmix.cli.train import dry_run
 from seqmix.errors import SeqmixError
-from seqmix.models import DecoderOnly
+from seqmix.models import DecoderOnly, count_parameters
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_resolvers()

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from seqmix.errors import SeqmixError
+from seqmix.models import count_parameters
 
 log = logging.getLogger("seqmix")
 
@@ -37,11 +38,6 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
     return factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
                    scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
                    run_config=to_container(cfg), **cls.options_from_config(cfg))
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters (tied embeddings count once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def module_summary(model: nn.Module, depth: int = 2) -> str:

@@ -13,10 +13,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.checkpoint import average_checkpoints, latest_epoch_checkpoints, load_checkpoint
-from seqmix.cli.common import build_task, count_parameters
+from seqmix.cli.common import build_task
 from seqmix.data import Tokenizer
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
+from seqmix.files import atomic_write_text
+from seqmix.models import count_parameters
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with)
 OVERRIDE_KEYS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
@@ -103,8 +105,7 @@ def generate(cfg: DictConfig) -> float | None:
     print(f"processed {len(sources)} inputs in {elapsed:.1f}s ({len(sources) / max(elapsed, 1e-9):.1f}/s)")
     if outputs is not None:
         out_path = Path(cfg.output)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text("".join(h + "\n" for h in outputs), encoding="utf-8")
+        atomic_write_text(out_path, "".join(h + "\n" for h in outputs))
         print(f"hypotheses: {out_path}")
         if cfg.get("distill_dir"):
             distill(cfg, train_cfg, sources, outputs)

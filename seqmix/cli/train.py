@@ -11,8 +11,9 @@ from omegaconf import DictConfig
 
 from seqmix.callbacks import LastCheckpoint
 from seqmix.checkpoint import check_resumable, load_weights
-from seqmix.cli.common import build_task, count_parameters, module_summary, task_class
+from seqmix.cli.common import build_task, module_summary, task_class
 from seqmix.errors import SeqmixError
+from seqmix.models import count_parameters
 
 log = logging.getLogger("seqmix")
 

@@ -17,6 +17,7 @@ from hydra.utils import get_class
 
 from seqmix.data.sources import CHUNK_SIZE, LocalParallelSource, ParallelCorpus
 from seqmix.errors import SeqmixError
+from seqmix.files import atomic_write_text
 
 
 def write_distilled(directory: str | Path, split: str, src_lang: str, tgt_lang: str, sources: list[str],
@@ -31,9 +32,7 @@ def write_distilled(directory: str | Path, split: str, src_lang: str, tgt_lang: 
         if any("\n" in line for line in lines):
             raise SeqmixError(f"a {lang} line contains a newline; it cannot be written one sentence per line")
         path = out / pattern.format(split=split, lang=lang)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(line + "\n" for line in lines))
         paths.append(path)
     return paths
 

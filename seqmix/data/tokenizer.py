@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import chain
@@ -27,6 +26,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as _HFTokenizer
 
 from seqmix.errors import SeqmixError
+from seqmix.files import atomic_write_text
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0,1,2,3 (fairseq order)
 _FORMAT = "seqmix-bpe-v1"  # bump when the pipeline below changes, so old caches are not reused
@@ -98,7 +98,7 @@ class Tokenizer:
                    kind=kinds[data["format"]])
 
     def save(self, path) -> None:
-        _atomic_write_text(Path(path), self.to_json())
+        atomic_write_text(Path(path), self.to_json())
 
     @classmethod
     def load(cls, path) -> Tokenizer:
@@ -107,20 +107,6 @@ class Tokenizer:
         except OSError as e:
             raise SeqmixError(f"cannot read tokenizer file {path} ({e}); check the path") from e
         return cls.from_json(text)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file + rename so a crash or a concurrent rank never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _normalizer(lowercase: bool, unicode: bool = True) -> normalizers.Normalizer:

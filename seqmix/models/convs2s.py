@@ -27,11 +27,10 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
-from seqmix.mixers.convs2s import GLUConv
+from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
 from seqmix.models.encoder_decoder import DecoderState, EncoderOut
 
-SQRT_HALF = math.sqrt(0.5)
 EMBED_STD = 0.1  # §3.5: every embedding (tokens and positions) starts at N(0, 0.1)
 
 

@@ -18,6 +18,11 @@ from seqmix.models.blocks import Block, BlockState
 from seqmix.models.embeddings import PositionalEmbedding, token_embedding
 
 
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (tied embeddings count once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
 @dataclass
 class EncoderOut:
     out: Tensor  # (B, S, C)
@@ -167,6 +172,6 @@ class EncoderDecoder(nn.Module):
         return self.decode(prev_output_tokens, self.encode(src_tokens))
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        return count_parameters(self)
 
 

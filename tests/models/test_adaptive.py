@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seqmix.cli.common import count_parameters
 from seqmix.errors import SeqmixError
-from seqmix.models import AdaptiveInput, AdaptiveSoftmax
+from seqmix.models import AdaptiveInput, AdaptiveSoftmax, count_parameters
 
 PAD, V, D = 1, 50, 16
 

@@ -11,8 +11,8 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn.utils import parametrize
 
-from seqmix.cli.common import count_parameters
 from seqmix.mixers.convs2s import GLUConv, glu_conv1d
+from seqmix.models import count_parameters
 from seqmix.models.convs2s import (
     AttentionMemory,
     ConvS2S,
