@@ -25,6 +25,8 @@ class TokenMixer(nn.Module):
     pick a per-layer setting such as a kernel size from a list).
     """
 
+    state_class: type[MixerState] | None = None  # the cache step-by-step decoding fills; None: no such decoding
+
     def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0) -> None:
         super().__init__()
         self.embed_dim = embed_dim
@@ -32,8 +34,12 @@ class TokenMixer(nn.Module):
         self.layer_idx = layer_idx
 
     def init_state(self) -> MixerState:
-        """An empty cache for step-by-step decoding (causal mixers only)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support incremental decoding")
+        """An empty ``state_class`` cache for step-by-step decoding, which only a causal mixer can do."""
+        if self.state_class is None:
+            raise NotImplementedError(f"{type(self).__name__} does not support incremental decoding")
+        if not self.causal:
+            raise NotImplementedError("incremental decoding needs a causal mixer")
+        return self.state_class()
 
     def forward(
         self, x: Tensor, key_padding_mask: Tensor | None = None, state: MixerState | None = None

@@ -59,6 +59,8 @@ class WindowState(MixerState):
 class ProjectedConvMixer(TokenMixer):
     """The shared block; ``kernel_size`` is the layer's window parameter (a conv's K, TaLK's max offset)."""
 
+    state_class = WindowState
+
     def __init__(self, embed_dim: int, kernel_size: int | Sequence[int], causal: bool = False, layer_idx: int = 0,
                  glu: bool = True, input_dropout: float = 0.0, conv_dim: int | None = None) -> None:
         super().__init__(embed_dim, causal, layer_idx)
@@ -77,11 +79,6 @@ class ProjectedConvMixer(TokenMixer):
     def core(self, x: Tensor) -> Tensor:  # pragma: no cover - interface
         """The op on the whole (B, T, conv_dim) sequence."""
         raise NotImplementedError
-
-    def init_state(self) -> WindowState:
-        if not self.causal:
-            raise NotImplementedError("incremental decoding needs a causal mixer")
-        return WindowState()
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None) -> Tensor:
         check_incremental_call(self, x, state)

@@ -54,6 +54,8 @@ class GLUConv(TokenMixer):
     Triton kernel (auto | triton | torch); CPU and the full-sequence pass use PyTorch.
     """
 
+    state_class = LinearizedState
+
     def __init__(self, embed_dim: int, kernel_size: int | Sequence[int], causal: bool = False, layer_idx: int = 0,
                  out_dim: int | None = None, input_dropout: float = 0.0, kernel_backend: str = "auto") -> None:
         super().__init__(embed_dim, causal, layer_idx)
@@ -66,11 +68,6 @@ class GLUConv(TokenMixer):
         self.pad_left = self.kernel_size - 1 if causal else encoder_padding(self.kernel_size)
         self.pad_right = self.kernel_size - 1 - self.pad_left
         self.conv = glu_conv1d(embed_dim, 2 * self.out_dim, self.kernel_size, input_dropout)
-
-    def init_state(self) -> LinearizedState:
-        if not self.causal:
-            raise NotImplementedError("incremental decoding needs a causal mixer")
-        return LinearizedState()
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None,
                 residual: Tensor | None = None) -> Tensor:

@@ -39,13 +39,12 @@ class SelfAttention(TokenMixer):
     itself and sees the whole cache.
     """
 
+    state_class = KeyValueCache
+
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, layer_idx: int = 0,
                  attention_dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__(embed_dim, causal, layer_idx)
         self.attn = MultiheadAttention(embed_dim, num_heads, dropout=attention_dropout, bias=bias)
-
-    def init_state(self) -> KeyValueCache:
-        return KeyValueCache()
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None,
                 state: KeyValueCache | None = None) -> Tensor:

@@ -76,6 +76,8 @@ class TaLK(ProjectedConvMixer):
     decoder l_max = k, r_max = 0. ``right_kernel_size`` sets the encoder's r_max apart (the paper's Deep
     CNN-DM model uses different left and right lists)."""
 
+    state_class = PrefixState
+
     def __init__(self, embed_dim: int, num_heads: int, kernel_size: int | Sequence[int], causal: bool = False,
                  layer_idx: int = 0, glu: bool = True, offset_dropout: float = 0.0, input_dropout: float = 0.0,
                  conv_dim: int | None = None, kernel_backend: str = "auto",
@@ -108,11 +110,6 @@ class TaLK(ProjectedConvMixer):
         kernel = triton_function(self.kernel_backend, x, "talk", "talk")
         fn = talk_window_sum if kernel is None else kernel
         return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
-
-    def init_state(self) -> PrefixState:
-        if not self.causal:
-            raise NotImplementedError("incremental decoding needs a causal mixer")
-        return PrefixState()
 
     def step(self, x: Tensor, state: PrefixState) -> Tensor:
         """O(1) per step: extend the running prefix sum, interpolate at the left boundary."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from seqmix.mixers import DynamicConv, LightConv, SelfAttention, TaLK
+from seqmix.mixers.base import MixerState
 
 C, H, K = 16, 4, 7
 
@@ -202,6 +203,13 @@ def test_float64_gradcheck(mixer_name, causal):
     mask = torch.zeros(2, 5, dtype=torch.bool)
     mask[1, 3:] = True
     assert torch.autograd.gradcheck(lambda inp: m(inp, key_padding_mask=None if causal else mask), (x,))
+
+
+def test_only_a_causal_mixer_makes_a_decoding_cache(mixer_name):
+    cache = make(mixer_name, causal=True).init_state()
+    assert type(cache) is type(make(mixer_name, causal=True)).state_class and isinstance(cache, MixerState)
+    with pytest.raises(NotImplementedError, match="causal"):
+        make(mixer_name, causal=False).init_state()
 
 
 def test_incremental_state_needs_causal(mixer_name):
