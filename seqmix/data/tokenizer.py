@@ -98,7 +98,7 @@ class Tokenizer:
                    kind=kinds[data["format"]])
 
     def save(self, path) -> None:
-        atomic_write_text(Path(path), self.to_json())
+        atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path) -> Tokenizer:

@@ -170,8 +170,3 @@ class EncoderDecoder(nn.Module):
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         return self.decode(prev_output_tokens, self.encode(src_tokens))
-
-    def num_parameters(self) -> int:
-        return count_parameters(self)
-
-
