@@ -1,4 +1,1 @@
-"""Benchmark harness: mixer-level speed/memory (``benchmarks.mixers``) and decoding speed (``benchmarks.decoding``).
-
-Run everything with ``python -m benchmarks.run`` (``make bench``); see ``benchmarks/README.md``.
-"""
+"""Mixer sweep, training throughput, decoding, NAT decoding, data pipeline: ``python -m benchmarks.run`` (README.md)."""

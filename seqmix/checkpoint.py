@@ -1,4 +1,4 @@
-"""Reading seqmix checkpoints with clear errors, and averaging several of them."""
+"""Reading seqmix checkpoints with clear errors, averaging several of them, and a task from one."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
+from seqmix.data import Tokenizer
 from seqmix.errors import SeqmixError
+from seqmix.tasks.factory import build_task
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
@@ -87,3 +90,22 @@ def latest_epoch_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]
         raise SeqmixError(f"average_last={n} but {directory} holds only {len(found)} epoch checkpoints; "
                           f"train with keep_last_epochs>={n} or lower average_last")
     return found[-n:]
+
+
+def load_task(ckpt_path: str | os.PathLike, average_last: int = 0) -> tuple[object, DictConfig]:
+    """(task with its model in eval mode, training config) from a checkpoint, or from the mean of the latest
+    ``average_last`` epoch checkpoints beside it."""
+    if average_last and average_last > 1:
+        ckpt = average_checkpoints(latest_epoch_checkpoints(Path(ckpt_path).parent, average_last))
+    else:
+        ckpt = load_checkpoint(ckpt_path)
+    meta = ckpt["seqmix"]
+    train_cfg = OmegaConf.create(meta["config"])
+    task = build_task(train_cfg, Tokenizer.from_json(meta["tokenizer"]))
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    missing, unexpected = task.model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SeqmixError(f"checkpoint {ckpt_path} does not match its own model config "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); it is corrupt or from another version")
+    task.eval()
+    return task, train_cfg

@@ -1,5 +1,6 @@
-"""Tiny, randomly initialized Multi30k checkpoints (the real recipes' configs, shrunk) and a tiny val set, for the
-benchmark tests: they load through ``generate.py``'s ``load_task`` like trained ones."""
+"""For the benchmark tests: tiny, randomly initialized Multi30k checkpoints (the real recipes' configs, shrunk) that
+load through ``seqmix.checkpoint.load_task`` (as generate.py does) like trained ones, a tiny val set, and wrong mixers
+joined to the mixer group through a config folder, as a plugin's would be."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from seqmix.cli.common import build_task, to_container
 from seqmix.cli.resolvers import register_resolvers
 from seqmix.data.tokenizer import train_tokenizer
+from seqmix.mixers.base import TokenMixer
+from seqmix.tasks.factory import build_task, to_container
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -28,7 +30,7 @@ VAL_DE = ["Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde s
           "Die Arbeiter bauen ein Haus in der Nähe des Flusses."]
 
 TINY_MODEL = ["model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1", "model.encoder.ffn_dim=32",
-              "model.decoder.ffn_dim=32", "model.encoder.mixer.num_heads=2", "model.decoder.mixer.num_heads=2",
+              "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
               "model.decoder.cross_attention_heads=2", "model.max_source_positions=64",
               "model.max_target_positions=64"]
 
@@ -66,3 +68,40 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class NaNMixer(TokenMixer):
+    """Right shape, wrong numbers: the kind of kernel bug that would otherwise look fast."""
+
+    def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0):
+        super().__init__(embed_dim, causal, layer_idx)
+        self.proj = torch.nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x, key_padding_mask=None, state=None):
+        return self.proj(x) * float("nan")
+
+
+class ShortMixer(NaNMixer):
+    """Finite numbers, wrong shape (drops the last step)."""
+
+    def forward(self, x, key_padding_mask=None, state=None):
+        return self.proj(x)[:, :-1]
+
+
+class FastPathMixer(NaNMixer):
+    """A 'fast kernel' that disagrees with its own PyTorch path (``kernel_backend=torch``)."""
+
+    def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0, kernel_backend: str = "auto"):
+        super().__init__(embed_dim, causal, layer_idx)
+        self.kernel_backend = kernel_backend
+
+    def forward(self, x, key_padding_mask=None, state=None):
+        return self.proj(x) * (1.0 if self.kernel_backend == "torch" else 1.01)
+
+
+def mixer_conf(directory: Path, **mixers: type) -> Path:
+    """A config folder whose ``mixer/<name>.yaml`` adds each class to the mixer group (as a plugin's would)."""
+    (directory / "mixer").mkdir(parents=True, exist_ok=True)
+    for name, cls in mixers.items():
+        (directory / "mixer" / f"{name}.yaml").write_text(f"_target_: {cls.__module__}.{cls.__name__}\n_partial_: true\n")
+    return directory

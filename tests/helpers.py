@@ -20,8 +20,8 @@ TINY = [
     "model.decoder.layers=1",
     "model.encoder.ffn_dim=64",
     "model.decoder.ffn_dim=64",
-    "model.encoder.mixer.num_heads=2",
-    "model.decoder.mixer.num_heads=2",
+    "model.encoder.heads=2",
+    "model.decoder.heads=2",
     "model.decoder.cross_attention_heads=2",
     "~callbacks.progress_bar",
 ]

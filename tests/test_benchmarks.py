@@ -1,181 +1,101 @@
-"""The benchmark harness on tiny settings: rows are well-formed, and a broken mixer is refused, not timed.
-
-Nothing here asserts on speed; the numbers only have to exist, be finite and be positive.
-"""
+"""The mixer sweep on tiny settings: a row per group mixer and length, ratios against the baseline of the same run,
+a wrong mixer refused (no numbers, exit status 1), the shared table/ratio helpers. No speed is asserted."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from benchmarks import decoding, registry
+from benchmarks import common, mixers
 from benchmarks import run as bench_run
-from benchmarks.mixers import (
-    MixerBenchConfig,
-    MixerCheckError,
-    format_table,
-    measure_point,
-    run_mixer_benchmark,
-    run_point,
+from seqmix.mixers.group import mixer_names
+from tests.benchmark_fixtures import (
+    FastPathMixer,
+    NaNMixer,
+    ShortMixer,
+    mixer_conf,
+    one_thread,  # noqa: F401  (autouse fixture)
 )
-from benchmarks.registry import MixerEntry
-from seqmix.mixers.base import TokenMixer
 
-TINY = dict(lengths=(16, 32), embed_dim=32, token_budget=2048, repeats=1, warmup=0, device="cpu", isolate=False)
-
-
-class NaNMixer(TokenMixer):
-    """Right shape, wrong numbers: the kind of kernel bug that would otherwise look fast."""
-
-    def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0):
-        super().__init__(embed_dim, causal, layer_idx)
-        self.proj = torch.nn.Linear(embed_dim, embed_dim)
-
-    def forward(self, x, key_padding_mask=None, state=None):
-        return self.proj(x) * float("nan")
+TINY = mixers.Settings(lengths=(16, 32), embed_dim=32, token_budget=2048, repeats=1, warmup=0, isolate=False)
+CPU = torch.device("cpu")
 
 
-class ShortMixer(NaNMixer):
-    """Finite numbers, wrong shape (drops the last step)."""
-
-    def forward(self, x, key_padding_mask=None, state=None):
-        return self.proj(x)[:, :-1]
-
-
-NAN = MixerEntry("broken_nan", lambda d, causal: NaNMixer(d, causal), note="test: returns NaN")
-SHORT = MixerEntry("broken_shape", lambda d, causal: ShortMixer(d, causal), note="test: wrong shape")
+def _assert_good(row: dict) -> None:
+    assert row["status"] == "ok", row["status"]
+    for key in ("fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "tokens_per_s"):
+        assert row[key] is not None and math.isfinite(row[key]) and row[key] > 0, key
+    assert row["fwd_bwd_ms_min"] <= row["fwd_bwd_ms"] <= row["fwd_bwd_ms_max"]
+    assert row["batch"] == 2048 // row["T"] and row["repeats"] == 1
 
 
-def _assert_good(row) -> None:
-    assert row.ok, row.status
-    for value in (row.fwd_ms, row.fwd_bwd_ms, row.peak_mem_mb, row.tokens_per_s):
-        assert value is not None and math.isfinite(value) and value > 0
-    assert row.batch == 2048 // row.T
+def test_rows_come_from_the_mixer_group_baseline_first():
+    names = [e[0] for e in mixers.entries(TINY)]
+    assert names[:2] == ["self_attention", "self_attention_causal"]
+    assert sorted(names[2:]) == sorted(n for n in mixer_names() if n != "self_attention")
+    assert [e[0] for e in mixers.entries(replace(TINY, mixers=("talk",)))] == ["self_attention", "talk"]
 
 
-def test_registry_baseline_first_and_entries_build():
-    assert registry.ENTRIES[0].name == registry.BASELINE == "self_attention"
-    names = [e.name for e in registry.ENTRIES]
-    assert "self_attention_causal" in names and len(set(names)) == len(names)
-    for entry in registry.ENTRIES:
-        mixer = entry.build(32)
-        assert isinstance(mixer, TokenMixer) and mixer.causal == entry.causal
-    assert [e.name for e in registry.select(["self_attention_causal"])] == ["self_attention", "self_attention_causal"]
-    with pytest.raises(KeyError):
-        registry.select(["no_such_mixer"])
-
-
-def test_mixer_rows_finite_positive_with_ratios():
-    res = run_mixer_benchmark(registry.ENTRIES, MixerBenchConfig(**TINY), log=None)
+def test_every_point_measured_with_ratios_against_the_baseline(tmp_path):
+    res, failed = mixers.section(TINY, CPU, tmp_path, log=lambda *_: None)
     rows = res["rows"]
-    assert [(r.mixer, r.T) for r in rows] == [(e.name, t) for e in registry.ENTRIES for t in (16, 32)]
-    for row in rows:
-        _assert_good(row)
-        assert row.time_ratio > 0 and row.mem_ratio > 0
-    assert all(r.time_ratio == 1.0 for r in rows if r.mixer == registry.BASELINE)
-    assert "peak RSS" in res["memory_method"] and res["env"]["torch"] == torch.__version__
-    assert "self_attention_causal" in format_table(rows)
+    assert failed == [] and res["baseline"] == "self_attention" and res["env"]["torch"] == torch.__version__
+    assert [(r["mixer"], r["T"]) for r in rows] == [(e[0], t) for e in mixers.entries(TINY) for t in (16, 32)]
+    base = {r["T"]: r for r in rows if r["mixer"] == "self_attention"}
+    for r in rows:
+        _assert_good(r)
+        assert r["time_ratio"] == pytest.approx(r["fwd_bwd_ms"] / base[r["T"]]["fwd_bwd_ms"])
+        assert r["mem_ratio"] == pytest.approx(r["peak_mem_mb"] / base[r["T"]]["peak_mem_mb"])
+    assert any("K=31" in r["note"] for r in rows) and "peak RSS" in res["memory_method"]
+    with open(tmp_path / "mixers.csv") as f:
+        assert list(csv.DictReader(f).fieldnames) == mixers.FIELDS.split()
+    assert (tmp_path / "mixers.png").stat().st_size > 0
 
 
-def test_isolated_subprocess_point():
-    """The default CPU path: the point runs in a fresh interpreter and comes back as one JSON line."""
-    cfg = MixerBenchConfig(**(TINY | {"isolate": True}))
-    _assert_good(run_point(registry.ENTRIES[0], 16, cfg))
+def test_isolated_point_runs_in_a_fresh_process():
+    row = mixers.run_point("talk", "talk", False, 16, replace(TINY, isolate=True), CPU)
+    _assert_good(row)
+    assert row["note"].startswith("TaLK")
 
 
-@pytest.mark.parametrize("entry, why", [(NAN, "NaN"), (SHORT, "shape")])
-def test_broken_mixer_is_refused(entry, why):
-    cfg = MixerBenchConfig(**TINY)
-    with pytest.raises(MixerCheckError, match=why):
-        measure_point(entry, 16, cfg)
-    with pytest.raises(MixerCheckError):
-        run_point(entry, 16, cfg, strict=True)
-    res = run_mixer_benchmark([registry.ENTRIES[0], entry], cfg, log=None)
-    bad = [r for r in res["rows"] if r.mixer == entry.name]
-    assert len(bad) == 2
-    for row in bad:
-        assert row.status.startswith("failed") and why in row.status
-        assert row.fwd_bwd_ms is None and row.peak_mem_mb is None and row.time_ratio is None
-    for row in res["rows"]:
-        if row.mixer == registry.BASELINE:
-            _assert_good(row)  # one bad mixer does not take the others down
-    assert "FAILED" in format_table(res["rows"])
+@pytest.mark.parametrize("cls, why", [(NaNMixer, "NaN"), (ShortMixer, "shape"), (FastPathMixer, "reference path")])
+def test_a_wrong_mixer_is_refused_before_timing(tmp_path, cls, why):
+    s = replace(TINY, conf_dirs=(str(mixer_conf(tmp_path, broken=cls)),))
+    with pytest.raises(mixers.MixerCheckError, match=why):
+        mixers.measure_point("broken", "broken", False, 16, s, CPU)
+    row = mixers.run_point("broken", "broken", False, 16, s, CPU)
+    assert row["status"].startswith("failed") and why in row["status"]
+    assert row["fwd_bwd_ms"] is None and row["peak_mem_mb"] is None
 
 
-def test_run_writes_files_and_fails_on_broken_mixer(tmp_path, monkeypatch):
-    tiny = ["--only", "mixers", "--lengths", "16", "32", "--embed-dim", "32", "--token-budget", "2048",
-            "--repeats", "1", "--warmup", "0", "--in-process", "--device", "cpu"]
-    out = tmp_path / "ok"
-    assert bench_run.main([*tiny, "--out", str(out)]) == 0
-    for name in ("mixers.csv", "mixers.png", "results.json"):
-        assert (out / name).stat().st_size > 0
-    report = json.loads((out / "results.json").read_text())
-    assert report["mixers"]["baseline"] == registry.BASELINE
-    assert len(report["mixers"]["rows"]) == 2 * len(registry.ENTRIES)  # every entry at both lengths
-
-    monkeypatch.setattr(registry, "ENTRIES", [*registry.ENTRIES, NAN])
-    out = tmp_path / "broken"
-    assert bench_run.main([*tiny, "--mixers", "broken_nan", "--out", str(out)]) == 1
-    rows = json.loads((out / "results.json").read_text())["mixers"]["rows"]
-    assert {r["mixer"] for r in rows if r["status"] != "ok"} == {"broken_nan"}
+def test_run_exits_1_on_a_wrong_mixer_and_writes_every_file(tmp_path):
+    s = replace(TINY, lengths=(16,), conf_dirs=(str(mixer_conf(tmp_path / "conf", broken_nan=NaNMixer)),),
+                mixers=("broken_nan",))
+    assert bench_run.main(["--only", "mixers", "--out", str(tmp_path / "out")], {"mixers": s}) == 1
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = report["mixers"]["rows"]
+    assert [(r["mixer"], r["status"][:6]) for r in rows] == [("self_attention", "ok"), ("broken_nan", "failed")]
+    assert rows[0]["time_ratio"] == 1.0 and rows[1]["time_ratio"] is None  # a refused row gets no ratio
+    assert report["mixers"]["settings"]["mixers"] == ["broken_nan"] and "torch" in report["environment"]
+    for name in ("mixers.csv", "mixers.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
 
 
-def test_decoding_without_checkpoint_skips_with_instructions(tmp_path):
-    messages = []
-    assert decoding.find_checkpoints(tmp_path) == []
-    assert decoding.run_decoding_benchmark(runs_dir=tmp_path, log=messages.append) is None
-    assert "experiment=multi30k_transformer_cpu" in messages[0]
+def test_ratios_against_the_first_good_base_of_the_same_group_only():
+    rows = [{"g": 1, "base": False, "v": 6.0}, {"g": 1, "base": True, "v": 3.0}, {"g": 1, "base": True, "v": 1.0},
+            {"g": 2, "base": False, "v": 5.0}, {"g": 3, "base": True, "v": 2.0, "status": "failed: x"},
+            {"g": 3, "base": False, "v": 4.0}, {"g": 1, "base": False, "v": 9.0, "status": "error: y"}]
+    common.add_ratios(rows, lambda r: r["g"], lambda r: r["base"], x="v", half=lambda r: r["v"] / 2)
+    assert [r["x"] for r in rows] == [2.0, 1.0, 1 / 3, None, None, None, None]
+    assert rows[0]["half"] == 2.0
 
 
-def _fake_ckpt(path, task, model):
-    path.parent.mkdir(parents=True)
-    torch.save({"seqmix": {"config": {"task": {"name": task}, "model": {"name": model}}}}, path)
-
-
-def test_find_checkpoints_newest_per_model_transformer_first(tmp_path):
-    import os
-    import time as _time
-
-    now = _time.time()
-    for k, (run, task, model) in enumerate([("a", "multi30k_ende", "lightconv_small"),
-                                            ("b", "multi30k_ende", "lightconv_small"),
-                                            ("c", "multi30k_ende", "transformer_small"),
-                                            ("d", "toy_reverse", "talk_small")]):
-        path = tmp_path / run / "checkpoints" / "best.ckpt"
-        _fake_ckpt(path, task, model)
-        os.utime(path, (now + k, now + k))
-    (tmp_path / "e" / "checkpoints").mkdir(parents=True)
-    (tmp_path / "e" / "checkpoints" / "best.ckpt").write_bytes(b"not a checkpoint")
-    found = decoding.find_checkpoints(tmp_path)
-    assert [p.parts[-3] for p in found] == ["c", "b"]
-
-
-def test_decoding_speed_ratios_against_transformer_at_same_beam():
-    def row(model, beam, speed):
-        return decoding.DecodeResult(model, 1, beam, 10, 10 / speed, speed, speed, 30.0, "sig", 8000)
-
-    rows = [row("lightconv_small", 1, 300), row("transformer_small", 1, 200), row("transformer_small", 5, 40),
-            row("lightconv_small", 5, 50)]
-    decoding.add_speed_ratios(rows)
-    assert [r.speed_ratio for r in rows] == [1.5, 1.0, 1.0, 1.25]
-    table = decoding.format_table(rows)
-    assert "lightconv_small" in table and "1.25" in table
-
-
-def test_scaling_is_per_token_growth_against_reference_length():
-    from benchmarks.mixers import PointResult, format_scaling, scaling
-
-    def point(mixer, T, batch, ms, mb):
-        return PointResult(mixer, False, T, batch, 32, "fp32", fwd_bwd_ms=ms, peak_mem_mb=mb)
-
-    rows = [point("sa", 512, 4, 100.0, 10.0), point("sa", 2048, 1, 400.0, 40.0),
-            point("conv", 512, 4, 50.0, 8.0), point("conv", 1024, 2, 50.0, 8.0), point("conv", 2048, 1, 60.0, 8.0),
-            point("lonely", 512, 4, 1.0, 1.0)]
-    items = {i["mixer"]: i for i in scaling(rows, ref_T=512)}
-    assert set(items) == {"sa", "conv"}
-    assert items["sa"]["time_per_token_x"] == pytest.approx(4.0) and items["sa"]["mem_per_token_x"] == pytest.approx(4.0)
-    assert items["conv"]["T_max"] == 2048 and items["conv"]["time_per_token_x"] == pytest.approx(1.2)
-    assert "time/token x" in format_scaling(list(items.values()))
+def test_table_prints_every_row_with_dashes_for_missing_numbers(capsys):
+    common.print_table("title", [{"a": "x", "b": 1.234}, {"a": "y", "b": None}], [("A", "a", ""), ("B", "b", ".1f")])
+    out = capsys.readouterr().out
+    assert "title" in out and "1.2" in out and "-" in out.splitlines()[-1] and "y" in out

@@ -10,13 +10,16 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from seqmix.cli.common import build_model, task_class
+from seqmix.cli.common import user_error_in
 from seqmix.cli.resolvers import register_resolvers
 from seqmix.cli.train import dry_run
 from seqmix.errors import SeqmixError
+from seqmix.mixers.group import mixer_class, mixer_names
 from seqmix.models import DecoderOnly, count_parameters
+from seqmix.tasks.factory import build_model, task_class
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+TEST_MIXER_CONF = Path(__file__).resolve().parent / "mixers" / "conf"
 register_resolvers()
 
 
@@ -62,24 +65,67 @@ def test_experiments_compose_and_build(experiment):
 
 
 LM_TASKS = ["lm1b", "wikitext103", "wikitext2"]
-# presets on the encoder-decoder backbone (one token mixer per block); ConvS2S has none, DisCo/CMLM select their task
-MIXER_MODELS = [m for m in names("model") if m.split("_")[0] in ("transformer", "lightconv", "dynamicconv", "talk")]
 
 
 @pytest.mark.parametrize("task", LM_TASKS)
-@pytest.mark.parametrize("model", MIXER_MODELS)
-def test_language_models_of_every_mixer(task, model):
-    """task= switches the family, model= the mixer: the LM tasks build the preset's decoder stack alone."""
-    cfg = resolve_outside_hydra(compose_train([f"task={task}", f"model={model}"]))
+@pytest.mark.parametrize("mixer", mixer_names())
+def test_language_models_of_every_mixer(task, mixer):
+    """task= switches the family, mixer= the mixer: the LM tasks build the preset's decoder stack alone, pre-norm
+    where the mixer says its language models need it."""
+    cfg = resolve_outside_hydra(compose_train([f"task={task}", "model=transformer_small", f"mixer={mixer}"]))
     with torch.device("meta"):
         net = task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
     assert isinstance(net, DecoderOnly) and len(net.decoder.layers) == cfg.model.decoder.layers
-    assert all(b.cross_attn is None and b.mixer.causal for b in net.decoder.layers)
-    conv = "SelfAttention" not in cfg.model.decoder.mixer._target_
-    assert all(b.mixer_residual.normalize_before == (conv or cfg.model.decoder.normalize_before)
-               for b in net.decoder.layers)  # pre-norm forced for the conv mixers
+    assert all(type(b.mixer) is mixer_class(mixer) and b.cross_attn is None and b.mixer.causal
+               for b in net.decoder.layers)
+    pre_norm = mixer_class(mixer).language_model_pre_norm or cfg.model.decoder.normalize_before
+    assert all(b.mixer_residual.normalize_before == pre_norm for b in net.decoder.layers)
+    assert pre_norm == (mixer != "self_attention")  # the conv mixers' LMs diverge post-norm
     adaptive = cfg.task.adaptive
     assert len(net.output.bands) == 1 + (len(adaptive.cutoffs) if adaptive.softmax else 0)
+
+
+@pytest.mark.parametrize("mixer", mixer_names())
+def test_every_mixer_of_the_group_swaps_every_layer(mixer, capsys):
+    """python train.py model=transformer mixer=<m> task=multi30k_ende dry_run=true; causality from the side."""
+    cfg = resolve_outside_hydra(compose_train(["model=transformer", f"mixer={mixer}", "task=multi30k_ende",
+                                               "dry_run=true"]))
+    n = dry_run(cfg)
+    assert f"parameters: {n}" in capsys.readouterr().out
+    net = build_model(cfg.model, 320, 320, padding_idx=1)
+    for stack, causal in ((net.encoder, False), (net.decoder, True)):
+        assert [(type(b.mixer), b.mixer.causal) for b in stack.layers] == [(mixer_class(mixer), causal)] * 6
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    ("dynamicconv", ["model=transformer", "mixer=dynamicconv", "model.encoder.layers=7"]),
+    ("lightconv", ["model=dynamicconv", "mixer=lightconv"]),
+    ("talk", ["model=transformer", "mixer=talk", "model.encoder.layers=7"]),
+    ("lightconv_small", ["model=transformer_small", "mixer=lightconv"]),
+])
+def test_a_mixer_preset_is_the_backbone_plus_its_mixer(preset, overrides):
+    """model=dynamicconv and model=transformer mixer=dynamicconv (with the preset's depth) are the same model."""
+    def shapes(args):
+        cfg = resolve_outside_hydra(compose_train(args))
+        return {k: tuple(v.shape) for k, v in build_model(cfg.model, 320, 320, padding_idx=1).state_dict().items()}
+
+    assert shapes([f"model={preset}"]) == shapes(overrides)
+
+
+def test_one_side_takes_its_own_mixer():
+    cfg = resolve_outside_hydra(compose_train(["model=transformer_small", "mixer@model.encoder.mixer=dynamicconv",
+                                               "model.encoder.mixer.kernel_size=5"]))
+    net = build_model(cfg.model, 320, 320, padding_idx=1)
+    assert {(type(b.mixer).__name__, b.mixer.kernel_size) for b in net.encoder.layers} == {("DynamicConv", 5)}
+    assert {type(b.mixer).__name__ for b in net.decoder.layers} == {"SelfAttention"}
+
+
+def test_a_mixer_registered_by_config_alone_joins_the_group():
+    """A config folder on hydra.searchpath adds its mixer/ files to the group, as mixer_names(extra) lists them."""
+    cfg = resolve_outside_hydra(compose_train([f"hydra.searchpath=[file://{TEST_MIXER_CONF}]", "mixer=ema"]))
+    net = build_model(cfg.model, 320, 320, padding_idx=1)
+    assert {type(b.mixer).__name__ for s in (net.encoder, net.decoder) for b in s.layers} == {"EMAMixer"}
+    assert "ema" in mixer_names([TEST_MIXER_CONF]) and "ema" not in mixer_names()
 
 
 @pytest.mark.parametrize("model", ["convs2s", "convs2s_small"])
@@ -95,18 +141,37 @@ PAPER_COUNTS = {
     "lioutas2020_talk_wikitext103": 240e6,
     "lioutas2020_talk_cnndm_standard": 59e6,
     "lioutas2020_talk_cnndm_deep": 83e6,
-    "wu2019_lightconv_cnndm": 86e6,
-    "wu2019_dynamicconv_cnndm": 87e6,
+    "wu2019_cnndm mixer=lightconv": 86e6,
+    "wu2019_cnndm": 87e6,
 }
 
 
 @pytest.mark.parametrize("experiment", sorted(PAPER_COUNTS))
 def test_lm_and_summarization_presets_match_the_papers_sizes(experiment, capsys):
-    cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}", "dry_run=true"]))
+    name, *overrides = experiment.split()
+    cfg = resolve_outside_hydra(compose_train([f"experiment={name}", *overrides, "dry_run=true"]))
     with torch.device("meta"):
         n = dry_run(cfg)
     assert f"parameters: {n}" in capsys.readouterr().out
     assert abs(n - PAPER_COUNTS[experiment]) / PAPER_COUNTS[experiment] < 0.01, n
+
+
+def test_one_paper_preset_for_both_convolutions():
+    """Wu et al. 2019 Table 1 (WMT En-De big, 32K joint BPE): DynamicConv has 213M parameters; mixer=lightconv
+    changes only the convolutions' taps (fixed (H, K) weights instead of the Linear predicting them)."""
+    def build(mixer):
+        cfg = resolve_outside_hydra(compose_train(["experiment=wu2019_wmt_ende_big", f"mixer={mixer}",
+                                                   "task.vocab_size=32768"]))
+        with torch.device("meta"):
+            return build_model(cfg.model, 32768, 32768, padding_idx=1)
+
+    dynamic, light = build("dynamicconv"), build("lightconv")
+    assert abs(count_parameters(dynamic) - 213e6) / 213e6 < 0.01, count_parameters(dynamic)
+    d = {k: v.shape for k, v in dynamic.state_dict().items()}
+    s = {k: v.shape for k, v in light.state_dict().items()}
+    assert {k for k in d if k not in s} == {k for k in d if ".conv.weight_linear." in k} != set()
+    assert {k for k in s if k not in d} == {k for k in s if k.endswith(".conv.weight")} != set()
+    assert all(d[k] == s[k] for k in d.keys() & s.keys())
 
 
 def test_transformer_big_has_about_210m_parameters():
@@ -158,3 +223,22 @@ def test_cosine_horizon_is_the_trainer_estimate_unless_the_config_sets_it(overri
         optimizer.step()
         scheduler.step()
     assert lrs[0] == pytest.approx(1.0) and lrs[horizon // 2] == pytest.approx(0.5) and lrs[horizon] == pytest.approx(0.0)
+
+
+def test_a_top_level_mixer_option_is_an_error_not_a_silent_no_op():
+    from seqmix.mixers.group import settle_mixer_choice
+
+    cfg = resolve_outside_hydra(compose_train(["mixer=dynamicconv", "mixer.kernel_size=[5]"]))
+    with pytest.raises(SeqmixError, match="model.encoder.mixer.kernel_size=... and/or model.decoder.mixer"):
+        settle_mixer_choice(cfg)
+    cfg = resolve_outside_hydra(compose_train(["mixer=dynamicconv", "model.decoder.mixer.kernel_size=[5]"]))
+    settle_mixer_choice(cfg)
+    assert "mixer" not in cfg and cfg.model.decoder.mixer.kernel_size == [5]
+
+
+def test_an_option_of_another_mixer_is_a_clear_error():
+    """A recipe's self-attention dropout left on a swapped-in convolution names the option, not a Hydra trace."""
+    cfg = resolve_outside_hydra(compose_train(["experiment=multi30k_transformer_cpu", "mixer=dynamicconv"]))
+    with pytest.raises(Exception) as info:
+        build_model(cfg.model, 320, 320, padding_idx=1)
+    assert "DynamicConv does not take ['attention_dropout']" in str(user_error_in(info.value))

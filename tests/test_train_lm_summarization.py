@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_data")]
 QUICK = ["logger=csv", "~callbacks.progress_bar", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
          "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "model.embed_dim=32"]
 LM_TINY = [*QUICK, "task=wikitext2", "model.decoder.layers=2", "model.decoder.ffn_dim=64",
-           "model.decoder.mixer.num_heads=2", "task.data.tokens_per_sample=64", "task.data.max_tokens=512",
+           "model.decoder.heads=2", "task.data.tokens_per_sample=64", "task.data.max_tokens=512",
            "task.adaptive.input=true", "task.adaptive.softmax=true", "task.adaptive.cutoffs=[2000,10000]"]
 SUM_TINY = [*QUICK, "task=dialogsum", "task.vocab_size=600", "model.encoder.layers=1", "model.decoder.layers=1",
-            "model.encoder.ffn_dim=64", "model.decoder.ffn_dim=64", "model.encoder.mixer.num_heads=2",
-            "model.decoder.mixer.num_heads=2", "model.decoder.cross_attention_heads=2", "task.data.max_tokens=2048",
+            "model.encoder.ffn_dim=64", "model.decoder.ffn_dim=64", "model.encoder.heads=2",
+            "model.decoder.heads=2", "model.decoder.cross_attention_heads=2", "task.data.max_tokens=2048",
             "task.generation.beam_size=2", "task.generation.max_len_b=12"]
 
 

@@ -1,4 +1,4 @@
-"""Pieces shared by the train and generate entry points: building the model and task, error reporting."""
+"""Pieces shared by the train and generate entry points: error reporting and the model summary."""
 
 from __future__ import annotations
 
@@ -9,35 +9,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
-
-log = logging.getLogger("seqmix")
-
-
-def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
-    return instantiate(model_cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
-                       padding_idx=padding_idx)
-
-
-def task_class(cfg: DictConfig) -> type:
-    """The task's LightningModule class (``task.module._target_``): it knows how to build its model."""
-    return get_class(cfg.task.module._target_)
-
-
-def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
-    """The configured task around ``model`` (built from the config when None), as train.py and generate.py use it."""
-    cls = task_class(cfg)
-    if model is None:
-        model = cls.build_model(cfg, tokenizer.vocab_size, tokenizer.pad)
-    factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
-    return factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
-                   scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
-                   run_config=to_container(cfg), **cls.options_from_config(cfg))
 
 
 def module_summary(model: nn.Module, depth: int = 2) -> str:
@@ -73,6 +49,13 @@ def clean_failed_run(cfg: DictConfig, message: str) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def user_error_in(err: BaseException | None) -> SeqmixError | None:
+    """The SeqmixError behind ``err``, also when Hydra's instantiate wrapped it (errors raised while building)."""
+    while err is not None and not isinstance(err, SeqmixError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
 def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig], object]:
     """Turn a SeqmixError into one clear line on stderr and exit status 2."""
 
@@ -80,14 +63,13 @@ def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig
     def wrapper(cfg: DictConfig):
         try:
             return fn(cfg)
-        except SeqmixError as err:
+        except Exception as raised:
+            err = user_error_in(raised)
+            if err is None:
+                raise
             message = f"seqmix: error: {err}"
             print(message, file=sys.stderr, flush=True)
             clean_failed_run(cfg, message)
             sys.exit(2)
 
     return wrapper
-
-
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)

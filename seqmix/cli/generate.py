@@ -12,42 +12,16 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from seqmix.checkpoint import average_checkpoints, latest_epoch_checkpoints, load_checkpoint
-from seqmix.cli.common import build_task
-from seqmix.data import Tokenizer
+from seqmix.checkpoint import load_task
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
+from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 
-# generate.yaml keys handed to the task when set (null keeps what the model was trained with)
-OVERRIDE_KEYS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
-                 "no_repeat_ngram_size", "eval_context", "algorithm", "length_beam", "max_iterations")
-
-
-def load_task(ckpt_path: str, average_last: int = 0):
-    """(task with its model in eval mode, training config) from a checkpoint, optionally averaged."""
-    if average_last and average_last > 1:
-        paths = latest_epoch_checkpoints(Path(ckpt_path).parent, average_last)
-        ckpt = average_checkpoints(paths)
-    else:
-        ckpt = load_checkpoint(ckpt_path)
-    meta = ckpt["seqmix"]
-    train_cfg = OmegaConf.create(meta["config"])
-    task = build_task(train_cfg, Tokenizer.from_json(meta["tokenizer"]))
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    missing, unexpected = task.model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SeqmixError(f"checkpoint {ckpt_path} does not match its own model config "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); it is corrupt or from another version")
-    task.eval()
-    return task, train_cfg
-
-
-def load_for_inference(ckpt_path: str, average_last: int = 0):
-    """(model in eval mode, tokenizer, training config) from a checkpoint, optionally averaged."""
-    task, train_cfg = load_task(ckpt_path, average_last)
-    return task.model, task.tokenizer, train_cfg
+# generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
+# algorithms' options, and language modeling's context
+OVERRIDE_KEYS = (*DECODING_OPTIONS, "eval_context")
 
 
 def _read_lines(path: str) -> list[str]:

@@ -11,9 +11,11 @@ from omegaconf import DictConfig
 
 from seqmix.callbacks import LastCheckpoint
 from seqmix.checkpoint import check_resumable, load_weights
-from seqmix.cli.common import build_task, module_summary, task_class
+from seqmix.cli.common import module_summary
 from seqmix.errors import SeqmixError
+from seqmix.mixers.group import settle_mixer_choice
 from seqmix.models import count_parameters
+from seqmix.tasks.factory import build_task, task_class
 
 log = logging.getLogger("seqmix")
 
@@ -46,6 +48,7 @@ def finish_wandb() -> None:
 
 def train(cfg: DictConfig) -> float | None:
     """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps) or None."""
+    settle_mixer_choice(cfg)
     if cfg.dry_run:
         dry_run(cfg)
         return None

@@ -50,15 +50,14 @@ def _stable_argsort(keys: np.ndarray) -> np.ndarray:
 class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Yields lists of dataset indices whose padded size fits ``max_tokens``; rank-aware, seeded per epoch.
 
-    Every rank builds the same global batch list from (seed, epoch), then takes ``batches[rank::world_size]``.
-    ``pad_to_equal`` (training) repeats batches from the start so all ranks get equal counts; ``drop_uneven``
-    instead drops the last ``len % world_size`` batches; with neither (evaluation) each example is seen once.
+    Every rank builds the same global batch list from (seed, epoch), repeats batches from its start until
+    ``world_size`` divides its length (every rank must run the same number of steps, training and evaluation
+    alike: evaluation counts a repeated batch once, by its example ids), then takes ``batches[rank::world_size]``.
     ``src_lengths``, ``tgt_lengths`` and ``sizes`` keep compact integer dtypes (e.g. uint16 memmaps).
     """
 
     def __init__(self, src_lengths, tgt_lengths, max_tokens: int, max_sentences: int | None = None,
-                 shuffle: bool = True, seed: int = 1, rank: int = 0, world_size: int = 1,
-                 drop_uneven: bool = False, pad_to_equal: bool = True):
+                 shuffle: bool = True, seed: int = 1, rank: int = 0, world_size: int = 1):
         self.src_lengths, self.tgt_lengths = _as_lengths(src_lengths), _as_lengths(tgt_lengths)
         if self.src_lengths.shape != self.tgt_lengths.shape:
             raise ValueError("src_lengths and tgt_lengths must have the same length")
@@ -78,7 +77,6 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
             )
         self.max_tokens, self.max_sentences = max_tokens, max_sentences
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.drop_uneven, self.pad_to_equal = drop_uneven, pad_to_equal
         self.epoch = 0
         self._bounds = self._pack()
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -117,12 +115,8 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _shard(self, batch_ids: np.ndarray) -> np.ndarray:
         """This rank's part of the global batch sequence."""
         if self.world_size > 1 and len(batch_ids):
-            if self.drop_uneven:
-                batch_ids = batch_ids[: len(batch_ids) - len(batch_ids) % self.world_size]
-            elif self.pad_to_equal:
-                # Repeat batches from the start so every rank runs the same number of steps (DDP needs that).
-                missing = -len(batch_ids) % self.world_size
-                batch_ids = np.concatenate([batch_ids, batch_ids[np.arange(missing) % len(batch_ids)]])
+            missing = -len(batch_ids) % self.world_size
+            batch_ids = np.concatenate([batch_ids, batch_ids[np.arange(missing) % len(batch_ids)]])
             batch_ids = batch_ids[self.rank :: self.world_size]
         return batch_ids
 

@@ -46,7 +46,7 @@ class TokenBudgetDataModule(lightning.LightningDataModule):
                               "the Trainer with use_distributed_sampler=False (trainer.use_distributed_sampler=false)")
         budget = self.max_tokens if shuffle else (self.max_tokens_valid or self.max_tokens)
         sampler = TokenBudgetBatchSampler(*self.batch_lengths(ds), budget, self.max_sentences, shuffle=shuffle,
-                                          seed=self.seed, rank=rank, world_size=world, pad_to_equal=True)
+                                          seed=self.seed, rank=rank, world_size=world)
         return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate_fn(),
                           persistent_workers=self.num_workers > 0)
 

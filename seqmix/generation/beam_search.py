@@ -15,11 +15,13 @@ worse early one. Plain fairseq stopping keeps the first finished (short) hypothe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from seqmix.generation.options import BeamOptions
 
 
 @dataclass
@@ -41,121 +43,145 @@ def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
     lprobs[rows, grams[rows, where, -1]] = -math.inf
 
 
+@dataclass
+class _Beams:
+    """A batch's search state: ``k`` live rows per sentence (row ``b * k + j``) and its finished hypotheses."""
+
+    tokens: Tensor  # (B * k, steps + 2): bos, the tokens generated so far, pads
+    pos_scores: Tensor  # (B * k, steps + 1): log-probability of each generated token
+    cum: Tensor  # (B, k): cumulative log-probability of each live row
+    done: Tensor  # (B,): the sentence has stopped
+    rows_min: Tensor  # (B * k,): each row's minimum and maximum length
+    rows_max: Tensor
+    max_len: Tensor  # (B,)
+    finalized: list[list[Hypothesis]]
+
+
 class BeamSearch:
-    def __init__(self, bos: int, eos: int, pad: int, beam_size: int = 5, max_len_a: float = 0.0,
-                 max_len_b: int = 200, min_len_a: float = 0.0, min_len_b: int = 1, len_penalty: float = 1.0,
-                 no_repeat_ngram_size: int = 0, incremental: bool = True, max_target_positions: int | None = None,
-                 unk: int | None = None, unk_penalty: float = 0.0, stepwise_len_penalty: bool = False) -> None:
-        if beam_size < 1:
-            raise ValueError("beam_size must be >= 1")
-        self.bos, self.eos, self.pad, self.unk = bos, eos, pad, unk
-        self.beam_size = beam_size
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.min_len_a, self.min_len_b = min_len_a, min_len_b
-        self.len_penalty = len_penalty
-        self.no_repeat_ngram_size = no_repeat_ngram_size
+    """Beam search with ``options`` (:class:`BeamOptions`; keyword ``settings`` replace its fields)."""
+
+    def __init__(self, bos: int, eos: int, pad: int, options: BeamOptions | None = None, incremental: bool = True,
+                 max_target_positions: int | None = None, **settings) -> None:
+        self.bos, self.eos, self.pad = bos, eos, pad
+        self.options = replace(options or BeamOptions(), **settings)
         self.incremental = incremental
         self.max_target_positions = max_target_positions
-        self.unk_penalty = unk_penalty
-        self.stepwise_len_penalty = stepwise_len_penalty
 
     def length_bounds(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        o = self.options
         src_len = src_tokens.ne(self.pad).sum(1).float()
-        max_len = (self.max_len_a * src_len + self.max_len_b).long()
+        max_len = (o.max_len_a * src_len + o.max_len_b).long()
         if self.max_target_positions is not None:
             max_len = max_len.clamp(max=self.max_target_positions - 1)
         max_len = max_len.clamp(min=1)
-        min_len = (self.min_len_a * src_len + self.min_len_b).long().clamp(min=0)
+        min_len = (o.min_len_a * src_len + o.min_len_b).long().clamp(min=0)
         return min_len.minimum(max_len), max_len
 
     @torch.no_grad()
     def generate(self, model, src_tokens: Tensor) -> list[list[Hypothesis]]:
         """Best-first hypotheses for each source row."""
-        bsz, k = src_tokens.size(0), self.beam_size
-        device = src_tokens.device
-        min_len, max_len = self.length_bounds(src_tokens)
-        rows_min = min_len.repeat_interleave(k)
-        rows_max = max_len.repeat_interleave(k)
-        steps = int(max_len.max())
-
+        bsz, k = src_tokens.size(0), self.options.beam_size
+        beams = self._start(src_tokens)
+        steps = int(beams.max_len.max())
         encoder_out = model.encode(src_tokens)
-        encoder_out = encoder_out.index_select(torch.arange(bsz, device=device).repeat_interleave(k))
+        encoder_out = encoder_out.index_select(torch.arange(bsz, device=src_tokens.device).repeat_interleave(k))
         state = model.init_decoder_state(encoder_out) if self.incremental else None
-
-        tokens = torch.full((bsz * k, steps + 2), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = self.bos
-        pos_scores = torch.zeros(bsz * k, steps + 1, device=device)
-        cum = torch.zeros(bsz, k, device=device)
-        cum[:, 1:] = -math.inf  # at step 0 every beam holds the same prefix: keep one
-        finalized: list[list[Hypothesis]] = [[] for _ in range(bsz)]
-        done = torch.zeros(bsz, dtype=torch.bool, device=device)
-        base = (torch.arange(bsz, device=device) * k).unsqueeze(1)
-
         for step in range(steps + 1):
-            if state is not None:
-                logits = model.decode(tokens[:, step: step + 1], encoder_out, state)[:, -1]
-            else:
-                logits = model.decode(tokens[:, : step + 1], encoder_out)[:, -1]
-            lprobs = F.log_softmax(logits.float(), dim=-1)
-            lprobs[:, self.pad] = -math.inf
-            lprobs[:, self.bos] = -math.inf
-            if self.unk is not None and self.unk_penalty:
-                lprobs[:, self.unk] -= self.unk_penalty
-            lprobs[rows_min > step, self.eos] = -math.inf
-            at_max = rows_max <= step
-            if at_max.any():  # the only move left is to end the hypothesis
-                eos_col = lprobs[at_max, self.eos].clone()
-                lprobs[at_max] = -math.inf
-                lprobs[at_max, self.eos] = eos_col
-            if self.no_repeat_ngram_size > 0:
-                ban_repeated_ngrams(lprobs, tokens[:, 1: step + 1], self.no_repeat_ngram_size)
-
-            vocab = lprobs.size(1)
-            cand = (cum.view(-1, 1) + lprobs).view(bsz, k * vocab)
-            top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
-            top_beam = torch.div(top_idx, vocab, rounding_mode="floor")
-            top_tok = top_idx % vocab
-            top_rows = base + top_beam  # (B, 2k) row of the parent hypothesis
-
-            is_eos = top_tok.eq(self.eos) & top_scores.gt(-math.inf)
-            is_eos[:, k:] = False
-            is_eos &= ~done.unsqueeze(1)
-            if is_eos.any():
-                self._finalize(is_eos, top_rows, top_scores, cum, tokens, pos_scores, step, finalized)
-                for b in is_eos.any(1).nonzero().flatten().tolist():
-                    if len(finalized[b]) >= k and not self.stepwise_len_penalty:
-                        done[b] = True
-            if bool(done.all()) or step == steps:
+            lprobs = self._next_lprobs(model, beams, encoder_out, state, step)
+            top_scores, top_tok, top_rows = self._candidates(beams, lprobs)
+            self._end_hypotheses(beams, top_scores, top_tok, top_rows, step)
+            if bool(beams.done.all()) or step == steps:
                 break
-
-            # keep the best k candidates that did not end
-            live = top_scores.masked_fill(top_tok.eq(self.eos), -math.inf)
-            keep_scores, keep_pos = live.topk(k, dim=1)
-            rows = top_rows.gather(1, keep_pos).flatten()
-            new_tok = top_tok.gather(1, keep_pos).flatten()
-            prev_cum = cum.view(-1)[rows]
-            tokens = tokens[rows]
-            tokens[:, step + 1] = new_tok
-            pos_scores = pos_scores[rows]
-            pos_scores[:, step] = keep_scores.flatten() - prev_cum
-            cum = keep_scores
-            if self.stepwise_len_penalty:
-                done |= self._cannot_improve(finalized, cum, step, max_len)
-            cum[done] = -math.inf
-            if bool(done.all()):
+            rows = self._keep_live(beams, top_scores, top_tok, top_rows, step)
+            if bool(beams.done.all()):
                 break
             if state is not None:
                 state.reorder(rows)
+        return [sorted(f, key=lambda h: -h.score)[:k] for f in beams.finalized]
 
-        return [sorted(f, key=lambda h: -h.score)[:k] for f in finalized]
+    def _start(self, src_tokens: Tensor) -> _Beams:
+        """Every row holds bos; at step 0 the k rows of a sentence are the same prefix, so only one is live."""
+        bsz, k = src_tokens.size(0), self.options.beam_size
+        device = src_tokens.device
+        min_len, max_len = self.length_bounds(src_tokens)
+        steps = int(max_len.max())
+        tokens = torch.full((bsz * k, steps + 2), self.pad, dtype=torch.long, device=device)
+        tokens[:, 0] = self.bos
+        cum = torch.zeros(bsz, k, device=device)
+        cum[:, 1:] = -math.inf
+        return _Beams(tokens, torch.zeros(bsz * k, steps + 1, device=device), cum,
+                      torch.zeros(bsz, dtype=torch.bool, device=device), min_len.repeat_interleave(k),
+                      max_len.repeat_interleave(k), max_len, [[] for _ in range(bsz)])
+
+    def _next_lprobs(self, model, beams: _Beams, encoder_out, state, step: int) -> Tensor:
+        """(B * k, V) log-probabilities of each row's next token, with the moves it may not make at -inf."""
+        if state is not None:
+            logits = model.decode(beams.tokens[:, step: step + 1], encoder_out, state)[:, -1]
+        else:
+            logits = model.decode(beams.tokens[:, : step + 1], encoder_out)[:, -1]
+        lprobs = F.log_softmax(logits.float(), dim=-1)
+        lprobs[:, self.pad] = -math.inf
+        lprobs[:, self.bos] = -math.inf
+        lprobs[beams.rows_min > step, self.eos] = -math.inf
+        at_max = beams.rows_max <= step
+        if at_max.any():  # the only move left is to end the hypothesis
+            eos_col = lprobs[at_max, self.eos].clone()
+            lprobs[at_max] = -math.inf
+            lprobs[at_max, self.eos] = eos_col
+        if self.options.no_repeat_ngram_size > 0:
+            ban_repeated_ngrams(lprobs, beams.tokens[:, 1: step + 1], self.options.no_repeat_ngram_size)
+        return lprobs
+
+    def _candidates(self, beams: _Beams, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The best 2k extensions of each sentence: (B, 2k) cumulative scores, tokens and parent rows."""
+        bsz, k = beams.cum.shape
+        vocab = lprobs.size(1)
+        cand = (beams.cum.view(-1, 1) + lprobs).view(bsz, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
+        top_beam = torch.div(top_idx, vocab, rounding_mode="floor")
+        base = (torch.arange(bsz, device=lprobs.device) * k).unsqueeze(1)
+        return top_scores, top_idx % vocab, base + top_beam
+
+    def _end_hypotheses(self, beams: _Beams, top_scores: Tensor, top_tok: Tensor, top_rows: Tensor,
+                        step: int) -> None:
+        """Finish the candidates that end in eos among each sentence's best k; without the stepwise penalty a
+        sentence is done once k hypotheses are finished."""
+        k = self.options.beam_size
+        is_eos = top_tok.eq(self.eos) & top_scores.gt(-math.inf)
+        is_eos[:, k:] = False
+        is_eos &= ~beams.done.unsqueeze(1)
+        if not is_eos.any():
+            return
+        self._finalize(is_eos, top_rows, top_scores, beams, step)
+        if self.options.stepwise_len_penalty:
+            return
+        for b in is_eos.any(1).nonzero().flatten().tolist():
+            if len(beams.finalized[b]) >= k:
+                beams.done[b] = True
+
+    def _keep_live(self, beams: _Beams, top_scores: Tensor, top_tok: Tensor, top_rows: Tensor, step: int) -> Tensor:
+        """Extend the best k candidates that did not end; returns the parent row of each new row."""
+        live = top_scores.masked_fill(top_tok.eq(self.eos), -math.inf)
+        keep_scores, keep_pos = live.topk(self.options.beam_size, dim=1)
+        rows = top_rows.gather(1, keep_pos).flatten()
+        prev_cum = beams.cum.view(-1)[rows]
+        beams.tokens = beams.tokens[rows]
+        beams.tokens[:, step + 1] = top_tok.gather(1, keep_pos).flatten()
+        beams.pos_scores = beams.pos_scores[rows]
+        beams.pos_scores[:, step] = keep_scores.flatten() - prev_cum
+        beams.cum = keep_scores
+        if self.options.stepwise_len_penalty:
+            beams.done |= self._cannot_improve(beams.finalized, beams.cum, step, beams.max_len)
+        beams.cum[beams.done] = -math.inf
+        return rows
 
     def _cannot_improve(self, finalized: list[list[Hypothesis]], cum: Tensor, step: int, max_len: Tensor) -> Tensor:
         """Per sentence: beam_size hypotheses finished and none of its live ones (cumulative log-prob ``cum``,
         which only falls) can reach the worst of them at any length it may still end at."""
-        alpha = self.len_penalty
+        alpha = self.options.len_penalty
         out = torch.zeros(len(finalized), dtype=torch.bool, device=cum.device)
         for b, hyps in enumerate(finalized):
-            if len(hyps) < self.beam_size:
+            if len(hyps) < self.options.beam_size:
                 continue
             best_live = float(cum[b].max())
             # score = cum / len**alpha with cum <= 0: the best length is the longest for alpha > 0, else the shortest
@@ -163,12 +189,12 @@ class BeamSearch:
             out[b] = best_live / (length**alpha) <= min(h.score for h in hyps)
         return out
 
-    def _finalize(self, is_eos: Tensor, top_rows: Tensor, top_scores: Tensor, cum: Tensor, tokens: Tensor,
-                  pos_scores: Tensor, step: int, finalized: list[list[Hypothesis]]) -> None:
-        flat_cum = cum.view(-1)
+    def _finalize(self, is_eos: Tensor, top_rows: Tensor, top_scores: Tensor, beams: _Beams, step: int) -> None:
+        flat_cum, tokens, pos_scores, finalized = beams.cum.view(-1), beams.tokens, beams.pos_scores, beams.finalized
+        stepwise = self.options.stepwise_len_penalty
         for b, j in is_eos.nonzero().tolist():
-            full = len(finalized[b]) >= self.beam_size
-            if full and not self.stepwise_len_penalty:
+            full = len(finalized[b]) >= self.options.beam_size
+            if full and not stepwise:
                 continue
             row = int(top_rows[b, j])
             total = float(top_scores[b, j])
@@ -176,7 +202,7 @@ class BeamSearch:
             scores = pos_scores[row, : step + 1].clone()
             scores[step] = total - float(flat_cum[row])
             length = step + 1
-            hyp = Hypothesis(seq, total / (length ** self.len_penalty), scores)
+            hyp = Hypothesis(seq, total / (length ** self.options.len_penalty), scores)
             if full:  # stepwise: a better hypothesis replaces the worst finished one
                 worst = min(range(len(finalized[b])), key=lambda i: finalized[b][i].score)
                 if hyp.score > finalized[b][worst].score:

@@ -1,25 +1,71 @@
-"""Decoding a whole dataset in token-budget batches, in the dataset's order."""
+"""Decoding a whole dataset in token-budget batches, in the dataset's order, with any decoding algorithm.
+
+One loop (batches sorted by length, collated, decoded, written back by example id) serves beam search and
+iterative NAT decoding alike: the algorithm is a :data:`Translate` callable (:func:`beam_translator`,
+:func:`nat_translator`). ``generate.py`` (through the tasks' ``evaluate_texts``) and the decoding benchmark use it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
 import torch
+from torch import Tensor
 
 from seqmix.data import PairDataset, TokenBudgetBatchSampler, collate_pairs
 from seqmix.generation.beam_search import BeamSearch
+from seqmix.generation.nat_decoding import IterativeDecoder
+
+# source rows (B, S) on the model's device -> (per row: the chosen output's token ids without eos, None when the
+# decoder produced nothing; per row: decoder passes spent, or None when the algorithm does not count them)
+Translate = Callable[[Tensor], tuple[Sequence[Tensor | None], list[int] | None]]
 
 
-def decode_dataset(model, tokenizer, dataset: PairDataset, search: BeamSearch, max_tokens: int,
-                   device: torch.device, max_sentences: int | None = None) -> tuple[list[str], int]:
-    """Best hypothesis of every source (detokenized) and the number of tokens generated."""
+@dataclass
+class Decoded:
+    hypotheses: list[str]  # detokenized, in dataset order ("" where the decoder produced nothing)
+    generated: int = 0  # output tokens plus one eos per produced hypothesis
+    iterations: list[int] | None = None  # per example, when the translator reports them
+    batch_sizes: list[int] = field(default_factory=list)  # examples per batch, in decoding order
+
+
+def beam_translator(model, search: BeamSearch) -> Translate:
+    """The best hypothesis of each row (its tokens end in eos, which is dropped)."""
+    def translate(src_tokens: Tensor):
+        return [h[0].tokens[:-1] if h else None for h in search.generate(model, src_tokens)], None
+
+    return translate
+
+
+def nat_translator(model, decoder: IterativeDecoder) -> Translate:
+    """The chosen candidate of each row and the decoder passes spent on it."""
+    def translate(src_tokens: Tensor):
+        result = decoder.generate(model, src_tokens)
+        return result.tokens, result.iterations.tolist()
+
+    return translate
+
+
+def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_tokens: int, device: torch.device,
+                   max_sentences: int | None = None) -> Decoded:
+    """Every source of ``dataset`` decoded by ``translate`` in ``generate.py``'s batches (token budget, sorted by
+    length, at most ``max_sentences`` per batch)."""
     sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens,
                                       max_sentences=max_sentences, shuffle=False)
-    hyps = [""] * len(dataset)
-    generated = 0
+    out = Decoded([""] * len(dataset))
     with torch.inference_mode():
         for batch_idx in sampler:
             batch = collate_pairs([dataset[i] for i in batch_idx], tokenizer.pad, tokenizer.bos, tokenizer.eos)
-            for i, h in zip(batch["id"].tolist(), search.generate(model, batch["src_tokens"].to(device))):
-                if h:
-                    generated += len(h[0].tokens)
-                    hyps[i] = tokenizer.decode(h[0].tokens.tolist())
-    return hyps, generated
+            out.batch_sizes.append(len(batch_idx))
+            tokens, iterations = translate(batch["src_tokens"].to(device))
+            ids = batch["id"].tolist()
+            for i, t in zip(ids, tokens):
+                if t is not None:
+                    out.generated += len(t) + 1
+                    out.hypotheses[i] = tokenizer.decode(t)
+            if iterations is not None:
+                out.iterations = out.iterations or [0] * len(dataset)
+                for i, n in zip(ids, iterations):
+                    out.iterations[i] = n
+    return out

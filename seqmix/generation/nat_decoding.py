@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-ALGORITHMS = ("easy_first", "mask_predict")
+from seqmix.generation.options import NATOptions
 
 
 @dataclass
@@ -106,23 +106,19 @@ def stale_queries(stale: Tensor) -> Tensor:
 
 
 class IterativeDecoder:
-    """``generate(model, src_tokens)`` -> :class:`NATResult`; ``algorithm`` is easy_first or mask_predict."""
+    """``generate(model, src_tokens)`` -> :class:`NATResult` with the algorithm, length beam and passes of
+    ``options``; candidate lengths go up to ``max_len_a * source length + max_len_b`` (+ eos) when ``max_len_a``
+    is set (the task's beam-search bounds)."""
 
-    def __init__(self, algorithm: str = "easy_first", length_beam: int = 5, max_iterations: int = 10,
-                 min_length: int = 2, max_len_a: float | None = None, max_len_b: int = 0) -> None:
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown NAT decoding algorithm {algorithm!r}; choose one of {list(ALGORITHMS)}")
-        if length_beam < 1 or max_iterations < 1:
-            raise ValueError(f"length_beam ({length_beam}) and max_iterations ({max_iterations}) must be >= 1")
-        self.algorithm, self.length_beam, self.max_iterations = algorithm, length_beam, max_iterations
+    def __init__(self, options: NATOptions, min_length: int = 2, max_len_a: float | None = None,
+                 max_len_b: int = 0) -> None:
+        self.options = options
         self.min_length = min_length
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b  # lengths up to a * source length + b (+ eos)
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
 
     @torch.no_grad()
     def generate(self, model, src_tokens: Tensor, trace: bool = False) -> NATResult:
-        if self.algorithm == "easy_first" and not getattr(model, "per_query_contexts", False):
-            raise ValueError(f"parallel easy-first needs per-query contexts (model=disco); {type(model).__name__} "
-                             "decodes with mask_predict")
+        options = self.options.for_model(model)
         encoder_out, length_logits = model.encode(src_tokens)
         if hasattr(model, "with_cross_cache"):
             encoder_out = model.with_cross_cache(encoder_out)
@@ -130,10 +126,10 @@ class IterativeDecoder:
         if self.max_len_a is not None:
             src_len = src_tokens.ne(model.padding_idx).sum(dim=1) - 1  # without the source eos
             cap = (self.max_len_a * src_len + self.max_len_b).floor().long() + 1
-        lengths = length_candidates(length_logits, self.length_beam, self.min_length, cap)
+        lengths = length_candidates(length_logits, int(options.length_beam), self.min_length, cap)
         lengths = lengths.clamp(max=model.max_target_positions)
-        run = easy_first if self.algorithm == "easy_first" else mask_predict
-        return run(model, encoder_out, lengths, self.max_iterations, trace)
+        run = easy_first if options.algorithm == "easy_first" else mask_predict
+        return run(model, encoder_out, lengths, int(options.max_iterations), trace)
 
 
 def _candidates(model, lengths: Tensor) -> tuple[Tensor, Tensor]:

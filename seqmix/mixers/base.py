@@ -8,24 +8,31 @@ dropout, FFN, cross-attention) is shared code in ``seqmix.models.blocks``.
 
 from __future__ import annotations
 
+from abc import ABC, ABCMeta, abstractmethod
+
 from torch import Tensor, nn
 
 
-class MixerState:
+class MixerState(ABC):
     """Incremental-decoding cache of one mixer layer; beam search reorders it along the batch axis."""
 
+    @abstractmethod
     def reorder(self, index: Tensor) -> None:
-        raise NotImplementedError
+        """Keep the batch rows ``index`` (in that order)."""
 
 
-class TokenMixer(nn.Module):
+class TokenMixer(nn.Module, metaclass=ABCMeta):
     """Base class: mixes information along time; causal mixers see only the past.
 
     Constructor arguments shared by every mixer: ``embed_dim``, ``causal``, ``layer_idx`` (lets a mixer
-    pick a per-layer setting such as a kernel size from a list).
+    pick a per-layer setting such as a kernel size from a list), and ``num_heads`` for mixers with heads (the
+    stack passes its ``heads`` unless the mixer's config sets it). A mixer is registered by a ``conf/mixer``
+    file; nothing else lists mixers.
     """
 
     state_class: type[MixerState] | None = None  # the cache step-by-step decoding fills; None: no such decoding
+    # True when language models built from this mixer need pre-norm blocks (they diverge post-norm)
+    language_model_pre_norm: bool = False
 
     def __init__(self, embed_dim: int, causal: bool = False, layer_idx: int = 0) -> None:
         super().__init__()
@@ -41,10 +48,9 @@ class TokenMixer(nn.Module):
             raise NotImplementedError("incremental decoding needs a causal mixer")
         return self.state_class()
 
-    def forward(
-        self, x: Tensor, key_padding_mask: Tensor | None = None, state: MixerState | None = None
-    ) -> Tensor:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: MixerState | None = None) -> Tensor:
+        """(B, T, C) → (B, T, C); with ``state``, ``x`` holds only the new step(s) of a causal mixer."""
 
 
 def check_incremental_call(mixer: TokenMixer, x: Tensor, state: MixerState | None) -> None:

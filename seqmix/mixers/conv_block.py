@@ -60,6 +60,7 @@ class ProjectedConvMixer(TokenMixer):
     """The shared block; ``kernel_size`` is the layer's window parameter (a conv's K, TaLK's max offset)."""
 
     state_class = WindowState
+    language_model_pre_norm = True  # the LightConv/DynamicConv/TaLK LMs diverge with post-norm blocks
 
     def __init__(self, embed_dim: int, kernel_size: int | Sequence[int], causal: bool = False, layer_idx: int = 0,
                  glu: bool = True, input_dropout: float = 0.0, conv_dim: int | None = None) -> None:

@@ -29,7 +29,8 @@ from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
-from seqmix.models.encoder_decoder import DecoderState, EncoderOut
+from seqmix.models.encoder_decoder import EncoderOut
+from seqmix.models.stack import DecoderState
 
 EMBED_STD = 0.1  # §3.5: every embedding (tokens and positions) starts at N(0, 0.1)
 

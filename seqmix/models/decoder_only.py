@@ -7,12 +7,12 @@ head turns them into log-probabilities or per-token NLL, so large vocabularies n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
 from seqmix.models.adaptive import AdaptiveInput, AdaptiveSoftmax
-from seqmix.models.encoder_decoder import DecoderState, Stack, _stack_settings
+from seqmix.models.stack import DecoderState, Stack, stack_settings
 
 
 class DecoderOnly(nn.Module):
@@ -23,13 +23,10 @@ class DecoderOnly(nn.Module):
         super().__init__()
         self.name = name
         self.padding_idx = padding_idx
-        settings = _stack_settings(dict(decoder))
-        settings.pop("cross_attention_heads", None)
-        settings.pop("attention_dropout", None)  # cross-attention only
-        mixer: Callable = settings.pop("mixer")
+        settings = stack_settings(decoder, cross_attention=False)
         embed = AdaptiveInput(vocab_size, padding_idx, embed_dim, input_cutoffs, adaptive_factor)
         self.decoder = Stack(embed, max_positions, positions=positions, dropout=dropout,
-                             scale_embedding=scale_embedding, mixer=mixer, causal=True, **settings)
+                             scale_embedding=scale_embedding, causal=True, **settings)
         self.output = AdaptiveSoftmax(embed_dim, vocab_size, softmax_cutoffs, adaptive_factor, softmax_dropout,
                                       bands=embed.bands if tie_weights else None)
         self.max_positions = max_positions
@@ -39,7 +36,7 @@ class DecoderOnly(nn.Module):
         return self.decoder(tokens, state)
 
     def init_state(self) -> DecoderState:
-        return DecoderState(blocks=[layer.init_state() for layer in self.decoder.layers])
+        return self.decoder.init_state()
 
     def log_probs(self, features: Tensor) -> Tensor:
         return self.output.log_probs(features)

@@ -1,21 +1,19 @@
-"""Encoder-decoder backbone built from shared blocks; the mixer is injected as a factory.
+"""Encoder-decoder backbone: two `Stack`s of shared blocks; the mixers are injected as factories.
 
-Hydra builds it from ``conf/model/*.yaml``: ``encoder.mixer`` / ``decoder.mixer`` are partially
-instantiated mixer classes, called here with ``embed_dim``, ``causal`` and ``layer_idx``.
+Hydra builds it from ``conf/model/*.yaml`` (backbone sizes) and the ``conf/mixer`` group (each side's mixer or
+hybrid pattern); ``seqmix.models.stack`` turns a side's settings into layers.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmix.mixers.base import MixerState, index_select_batch
-from seqmix.models.blocks import Block, BlockState
-from seqmix.models.embeddings import PositionalEmbedding, token_embedding
+from seqmix.mixers.base import index_select_batch
+from seqmix.models.embeddings import token_embedding
+from seqmix.models.stack import DecoderState, Stack, stack_settings
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -41,75 +39,6 @@ class EncoderOut:
         )
 
 
-@dataclass
-class DecoderState(MixerState):
-    """Per-block caches plus the number of target steps already decoded (for positions)."""
-
-    blocks: list[BlockState] = field(default_factory=list)
-    step: int = 0
-
-    def reorder(self, index: Tensor) -> None:
-        for block in self.blocks:
-            block.reorder(index)
-
-
-def _stack_settings(settings: dict) -> dict:
-    known = {"layers", "ffn_dim", "mixer", "normalize_before", "activation", "activation_dropout",
-             "attention_dropout", "cross_attention_heads"}
-    unknown = set(settings) - known
-    if unknown:
-        raise ValueError(f"unknown encoder/decoder settings {sorted(unknown)}; known: {sorted(known)}")
-    return settings
-
-
-class Stack(nn.Module):
-    """Embeddings → dropout → N blocks → final norm (pre-norm only). Shared by encoder, decoder and LM."""
-
-    def __init__(self, embed_tokens: nn.Embedding, max_positions: int, positions: str, dropout: float,
-                 scale_embedding: bool, layers: int, ffn_dim: int, mixer: Callable, causal: bool,
-                 normalize_before: bool = False, activation: str = "relu", activation_dropout: float = 0.0,
-                 attention_dropout: float = 0.0, cross_attention_heads: int | None = None) -> None:
-        super().__init__()
-        embed_dim = embed_tokens.embedding_dim
-        self.padding_idx = embed_tokens.padding_idx
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(embed_dim) if scale_embedding else 1.0
-        self.embed_positions = PositionalEmbedding(max_positions, embed_dim, self.padding_idx, positions)
-        self.dropout = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(
-            Block(embed_dim, mixer(embed_dim=embed_dim, causal=causal, layer_idx=i), ffn_dim, dropout=dropout,
-                  activation=activation, activation_dropout=activation_dropout,
-                  normalize_before=normalize_before, cross_attention_heads=cross_attention_heads,
-                  attention_dropout=attention_dropout)
-            for i in range(layers)
-        )
-        self.layer_norm = nn.LayerNorm(embed_dim) if normalize_before else None
-
-    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        x = self.embed_scale * self.embed_tokens(tokens)
-        x = x + self.embed_positions(tokens, offset).to(x.dtype)
-        return self.dropout(x)
-
-    def finish(self, x: Tensor) -> Tensor:
-        return x if self.layer_norm is None else self.layer_norm(x)
-
-    def forward(self, tokens: Tensor, state: DecoderState | None = None, encoder_out: Tensor | None = None,
-                encoder_padding_mask: Tensor | None = None) -> Tensor:
-        """Causal pass of a decoder stack (B, T, C), shared by EncoderDecoder and DecoderOnly. With ``state``,
-        ``tokens`` holds only the new step(s) and positions continue from ``state.step``."""
-        offset = 0 if state is None else state.step
-        x = self.embed(tokens, offset)
-        padding_mask = tokens.eq(self.padding_idx) if state is None else None
-        if padding_mask is not None and not padding_mask.any():
-            padding_mask = None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, key_padding_mask=padding_mask, encoder_out=encoder_out,
-                      encoder_padding_mask=encoder_padding_mask, state=None if state is None else state.blocks[i])
-        if state is not None:
-            state.step += tokens.size(1)
-        return self.finish(x)
-
-
 class EncoderDecoder(nn.Module):
     """Transformer-shaped encoder-decoder whose self-attention is any token mixer."""
 
@@ -121,7 +50,7 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.name = name
         self.padding_idx = padding_idx
-        enc_settings, dec_settings = _stack_settings(dict(encoder)), _stack_settings(dict(decoder))
+        enc_settings, dec_settings = stack_settings(encoder, False), stack_settings(decoder, True)
         enc_embed = token_embedding(src_vocab_size, embed_dim, padding_idx)
         if share_all_embeddings:
             if src_vocab_size != tgt_vocab_size:
@@ -129,8 +58,6 @@ class EncoderDecoder(nn.Module):
             dec_embed = enc_embed
         else:
             dec_embed = token_embedding(tgt_vocab_size, embed_dim, padding_idx)
-        dec_settings.setdefault("cross_attention_heads", 8)
-        enc_settings.pop("cross_attention_heads", None)
         common = dict(positions=positions, dropout=dropout, scale_embedding=scale_embedding)
         self.encoder = Stack(enc_embed, max_source_positions, causal=False, **common, **enc_settings)
         self.decoder = Stack(dec_embed, max_target_positions, causal=True, **common, **dec_settings)
@@ -156,7 +83,7 @@ class EncoderDecoder(nn.Module):
 
     # --- decoder -------------------------------------------------------------------------------
     def init_decoder_state(self, encoder_out: EncoderOut) -> DecoderState:
-        return DecoderState(blocks=[layer.init_state() for layer in self.decoder.layers])
+        return self.decoder.init_state()
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None) -> Tensor:
         """Logits (B, T, V). With ``state``, ``prev_output_tokens`` holds only the new step(s)."""

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.models.blocks import BlockState
-from seqmix.models.encoder_decoder import EncoderOut, Stack, _stack_settings
+from seqmix.models.encoder_decoder import EncoderOut
 from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
+from seqmix.models.stack import Stack, stack_settings
 
 
 def init_nat_params(module: nn.Module) -> None:
@@ -53,9 +54,7 @@ class NATModel(nn.Module):
         self.padding_idx, self.eos, self.bos, self.unk = padding_idx, eos_idx, bos_idx, unk_idx
         self.vocab_size = tgt_vocab_size + self.extra_symbols
         self.embed_tokens = nn.Embedding(self.vocab_size, embed_dim, padding_idx=padding_idx)
-        enc_settings, dec_settings = _stack_settings(dict(encoder)), _stack_settings(dict(decoder))
-        enc_settings.pop("cross_attention_heads", None)
-        dec_settings.setdefault("cross_attention_heads", 8)
+        enc_settings, dec_settings = stack_settings(encoder, False), stack_settings(decoder, True)
         common = dict(positions=positions, dropout=dropout, scale_embedding=scale_embedding)
         self.encoder = Stack(self.embed_tokens, max_source_positions, causal=False, **common, **enc_settings)
         self.decoder = Stack(self.embed_tokens, max_target_positions, causal=False, **common, **dec_settings)

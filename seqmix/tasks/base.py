@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,9 +51,10 @@ def all_gather_objects(obj) -> list:
     return [obj]
 
 
-class SeqmixTask(L.LightningModule):
-    """Subclasses implement ``compute_loss`` and may add per-example evaluation outputs (``eval_outputs``)
-    that ``corpus_report`` turns into a metric."""
+class SeqmixTask(L.LightningModule, ABC):
+    """Subclasses implement the abstract hooks (``build_model``, ``compute_loss``, ``corpus_report``,
+    ``evaluate_texts``: a task missing one cannot be constructed) and may add per-example evaluation outputs
+    (``eval_outputs``) that ``corpus_report`` turns into a metric."""
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  run_config: dict | None = None) -> None:
@@ -70,8 +72,9 @@ class SeqmixTask(L.LightningModule):
 
     # --- construction from the run config ---------------------------------------------------------
     @classmethod
+    @abstractmethod
     def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
-        raise NotImplementedError
+        """The task's model for the run config ``cfg``."""
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
@@ -79,9 +82,9 @@ class SeqmixTask(L.LightningModule):
         return {}
 
     # --- training ------------------------------------------------------------------------------
+    @abstractmethod
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Summed (training loss, NLL) over the batch's scored tokens, and their count."""
-        raise NotImplementedError
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, nll, ntokens = self.compute_loss(batch)
@@ -125,9 +128,9 @@ class SeqmixTask(L.LightningModule):
         """Per-example outputs kept for ``corpus_report`` (e.g. decoded hypotheses), in batch order."""
         return []
 
+    @abstractmethod
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report | None:
         """The split's metric from every example's ``eval_outputs`` (``by_id``) and the summed NLL."""
-        return None
 
     def _eval_step(self, batch: dict) -> None:
         loss, nll, ntokens = self.compute_loss(batch)
@@ -172,10 +175,10 @@ class SeqmixTask(L.LightningModule):
     def references_from(self):
         return self.reference_source or self.trainer.datamodule
 
+    @abstractmethod
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int,
                        **settings) -> tuple[list[str] | None, Report | None]:
         """``generate.py``: (one output line per source, or None) and a report when it can be scored."""
-        raise NotImplementedError
 
     # --- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

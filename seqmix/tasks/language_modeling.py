@@ -18,7 +18,7 @@ from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.lm_blocks import collate_blocks, make_blocks
 from seqmix.errors import SeqmixError
 from seqmix.metrics import perplexity
-from seqmix.mixers.conv_block import ProjectedConvMixer
+from seqmix.models.stack import layer_mixer_configs
 from seqmix.tasks.base import Report, SeqmixTask
 
 log = logging.getLogger("seqmix")
@@ -28,14 +28,15 @@ _ADAPTIVE_DEFAULTS = {"input": False, "softmax": False, "cutoffs": [], "factor":
 
 def decoder_only_spec(cfg: DictConfig, vocab_size: int, padding_idx: int) -> dict:
     """A ``DecoderOnly`` config from a model preset's shared settings and its decoder stack (cross-attention
-    settings dropped), plus ``task.adaptive``. Conv mixers get pre-norm: their LMs diverge without it."""
+    settings dropped), plus ``task.adaptive``. Pre-norm is forced when a layer's mixer says its LMs need it."""
     model = cfg.model
-    if "decoder" not in model or "mixer" not in model.decoder:
+    if "decoder" not in model or not ({"mixer", "pattern"} & set(model.decoder)):
         raise SeqmixError(f"model={model.get('name')} has no decoder.mixer; language modeling needs a preset built on "
                           "the encoder-decoder backbone (transformer, lightconv, dynamicconv, talk, ...)")
     decoder = OmegaConf.to_container(model.decoder, resolve=True)
-    if issubclass(get_class(decoder["mixer"]["_target_"]), ProjectedConvMixer) and not decoder.get("normalize_before"):
-        log.info("language model with %s: pre-norm forced (normalize_before=true)", decoder["mixer"]["_target_"])
+    targets = sorted({mixer["_target_"] for mixer in layer_mixer_configs(decoder)})
+    if any(get_class(t).language_model_pre_norm for t in targets) and not decoder.get("normalize_before"):
+        log.info("language model with %s: pre-norm forced (normalize_before=true)", ", ".join(targets))
         decoder["normalize_before"] = True
     given = cfg.task.get("adaptive")
     adaptive = {**_ADAPTIVE_DEFAULTS, **({} if given is None else OmegaConf.to_container(given, resolve=True))}

@@ -10,32 +10,34 @@ papers report). The main score (``task.monitor``'s ``val/rougeL``) stays the sen
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from seqmix.metrics import RougeResult, corpus_rouge, lead
 from seqmix.tasks.base import Report
+from seqmix.tasks.options import RougeOptions, from_config
 from seqmix.tasks.translation import TranslationTask
 
 
 class SummarizationTask(TranslationTask):
-    def __init__(self, *args, rouge: dict | None = None, **kwargs) -> None:
+    def __init__(self, *args, rouge: RougeOptions | None = None, truncate_source: int | None = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        options = {"stemming": True, "lead": 3, **dict(rouge or {})}
-        self.stemming, self.lead_sentences = bool(options["stemming"]), int(options["lead"])
+        self.rouge = rouge or RougeOptions()
+        self.truncate_source = truncate_source  # as the data module truncates training documents
         self._lead_cache: dict[int, RougeResult] = {}
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
         options = super().options_from_config(cfg)
         options.pop("bleu")
-        rouge = cfg.task.get("rouge")
-        return {**options, "rouge": {} if rouge is None else OmegaConf.to_container(rouge, resolve=True)}
+        return {**options, "rouge": from_config(cfg, "rouge", RougeOptions),
+                "truncate_source": cfg.task.data.get("truncate_source")}
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
-        result = corpus_rouge(hypotheses, references, self.stemming)
+        result = corpus_rouge(hypotheses, references, self.rouge.stemming)
         baseline = self.lead_baseline(sources, references)
         return Report(result.rougeL, f"{result.LABEL}: {result.scores()}",
-                      [f"rouge: {result}", f"lead-{self.lead_sentences} baseline: {baseline}"],
+                      [f"rouge: {result}", f"lead-{self.rouge.lead} baseline: {baseline}"],
                       metrics=result.metrics())
 
     def lead_baseline(self, sources: list[str], references: list[list[str]]) -> RougeResult:
@@ -43,12 +45,11 @@ class SummarizationTask(TranslationTask):
         model; cached, since validation scores the same split many times."""
         key = hash((tuple(sources), tuple(map(tuple, references))))
         if key not in self._lead_cache:
-            leads = [self.tokenizer.normalize_reference(lead(s, self.lead_sentences)) for s in sources]
-            self._lead_cache[key] = corpus_rouge(leads, references, self.stemming)
+            leads = [self.tokenizer.normalize_reference(lead(s, self.rouge.lead)) for s in sources]
+            self._lead_cache[key] = corpus_rouge(leads, references, self.rouge.stemming)
         return self._lead_cache[key]
 
     def prepare_source_ids(self, ids: list[list[int]]) -> list[list[int]]:
         """Documents are truncated as in training (``task.data.truncate_source``), never rejected."""
-        data = (self.run_config.get("task") or {}).get("data") or {}
-        limit = data.get("truncate_source") or int(getattr(self.model, "max_source_positions", 1024)) - 1
+        limit = self.truncate_source or int(getattr(self.model, "max_source_positions", 1024)) - 1
         return [i[:limit] for i in ids]

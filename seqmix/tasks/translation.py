@@ -3,48 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from seqmix.data import PairDataset
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
-from seqmix.generation.decode import decode_dataset
+from seqmix.generation.decode import Translate, beam_translator, decode_dataset
+from seqmix.generation.options import BeamOptions, overridden
 from seqmix.metrics import corpus_bleu
 from seqmix.tasks.base import Report, SeqmixTask
+from seqmix.tasks.factory import build_model
 from seqmix.tasks.losses import label_smoothed_nll_loss
-
-BEAM_OPTIONS = ("beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len_a", "min_len_b",
-                "no_repeat_ngram_size", "stepwise_len_penalty")
+from seqmix.tasks.options import BleuOptions, from_config
 
 
 class TranslationTask(SeqmixTask):
     """Wraps an encoder-decoder model; owns loss, decoding and BLEU."""
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
-                 label_smoothing: float = 0.1, generation: dict | None = None, bleu: dict | None = None,
+                 label_smoothing: float = 0.1, generation: BeamOptions | None = None, bleu: BleuOptions | None = None,
                  eval_decode: bool = True, run_config: dict | None = None) -> None:
         super().__init__(model, tokenizer, optimizer, scheduler, run_config)
         self.label_smoothing = label_smoothing
-        self.generation = dict(generation or {})
-        self.bleu_options = dict(bleu or {})
+        self.generation = generation or BeamOptions()
+        self.bleu = bleu or BleuOptions()
         self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
 
     @classmethod
     def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
         """The model preset as configured; source and target share one (joint) vocabulary."""
-        return instantiate(cfg.model, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, padding_idx=padding_idx)
+        return build_model(cfg.model, vocab_size, vocab_size, padding_idx)
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
-        def plain(key):
-            value = cfg.task.get(key)
-            return {} if value is None else OmegaConf.to_container(value, resolve=True)
-
-        return {"label_smoothing": cfg.label_smoothing, "generation": plain("generation"), "bleu": plain("bleu")}
+        return {"label_smoothing": cfg.label_smoothing, "generation": from_config(cfg, "generation", BeamOptions),
+                "bleu": from_config(cfg, "bleu", BleuOptions)}
 
     # --- training ------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
@@ -53,35 +50,48 @@ class TranslationTask(SeqmixTask):
 
     # --- decoding ------------------------------------------------------------------------------
     def beam_search(self, **overrides) -> BeamSearch:
-        opts = {**self.generation, **overrides}
+        """The task's beam search (``task.generation``) with ``overrides`` (beam options such as beam_size)."""
+        options = overridden(self.generation, overrides, f"{type(self).__name__}'s beam search")
         tok = self.tokenizer
-        return BeamSearch(bos=tok.bos, eos=tok.eos, pad=tok.pad, unk=tok.unk,
-                          max_target_positions=getattr(self.model, "max_target_positions", None), **opts)
+        return BeamSearch(tok.bos, tok.eos, tok.pad, options,
+                          max_target_positions=getattr(self.model, "max_target_positions", None))
 
-    def translate(self, src_tokens: Tensor, **overrides) -> list[str]:
-        """Best hypothesis of each source row, detokenized."""
-        hyps = self.beam_search(**overrides).generate(self.model, src_tokens)
-        return [self.tokenizer.decode(h[0].tokens.tolist()) if h else "" for h in hyps]
+    def translator(self, **overrides) -> Translate:
+        """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""
+        return beam_translator(self.model, self.beam_search(**overrides))
 
     # --- evaluation ----------------------------------------------------------------------------
     def _decoding(self) -> bool:
         return self.eval_decode or self.trainer.testing
 
     def eval_outputs(self, batch: dict) -> list:
-        return self.translate(batch["src_tokens"]) if self._decoding() else []
+        """(hypothesis, decoder passes or None) per example."""
+        if not self._decoding():
+            return []
+        tokens, iterations = self.translator()(batch["src_tokens"])
+        hyps = [self.tokenizer.decode(t) if t is not None else "" for t in tokens]
+        return list(zip(hyps, iterations or [None] * len(hyps)))
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         """Corpus BLEU against the first reference of each example (translation data has one)."""
-        result = corpus_bleu(hypotheses, [refs[0] for refs in references], **self.bleu_options)
+        result = corpus_bleu(hypotheses, [refs[0] for refs in references], **asdict(self.bleu))
         return Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
                       metrics={"bleu": result.score})
+
+    def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],
+                        iterations: list[int] | None = None, **overrides) -> Report:
+        """``score`` of decoded outputs; a decoder that counts its passes (``iterations``, decoded with
+        ``overrides``) adds them (see the non-autoregressive task)."""
+        return self.score(hypotheses, references, sources)
 
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report | None:
         if not self._decoding():
             return None
         source = self.references_from()
         refs = source.reference_sets(split)
-        report = self.score([by_id.get(i, "") for i in range(len(refs))], refs, source.datasets[split].src_texts)
+        outputs = [by_id.get(i, ("", None)) for i in range(len(refs))]
+        iterations = [n for _, n in outputs if n is not None] or None
+        report = self.decoding_report([h for h, _ in outputs], refs, source.datasets[split].src_texts, iterations)
         for name, value in report.metrics.items():
             self.log(f"{prefix}/{name}", value, sync_dist=False)
         return report
@@ -98,17 +108,16 @@ class TranslationTask(SeqmixTask):
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
                        max_sentences: int | None = None, **overrides) -> tuple[list[str], Report | None]:
-        """Decode ``sources`` (``overrides``: beam options such as beam_size) and score them when references exist."""
-        unknown = set(overrides) - set(BEAM_OPTIONS)
-        if unknown:
-            raise SeqmixError(f"{sorted(unknown)} do not apply to {type(self).__name__}; beam options are "
-                              f"{list(BEAM_OPTIONS)}")
+        """Decode ``sources`` (``overrides``: decoding options such as beam_size) and score them when references
+        exist."""
+        translate = self.translator(**overrides)
         ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
         dataset = PairDataset.from_lists(ids, [[] for _ in ids], sources, ["" for _ in ids])
         device = next(self.model.parameters()).device
-        hyps, _ = decode_dataset(self.model, self.tokenizer, dataset, self.beam_search(**overrides), max_tokens, device,
-                                 max_sentences)
+        decoded = decode_dataset(dataset, self.tokenizer, translate, max_tokens, device, max_sentences)
         if references is None:
-            return hyps, None
+            return decoded.hypotheses, None
         norm = self.tokenizer.normalize_reference
-        return hyps, self.score(hyps, [[norm(r) for r in refs] for refs in references], sources)
+        return decoded.hypotheses, self.decoding_report(decoded.hypotheses,
+                                                        [[norm(r) for r in refs] for refs in references], sources,
+                                                        decoded.iterations, **overrides)

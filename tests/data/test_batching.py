@@ -93,21 +93,6 @@ def test_padding_happens_when_uneven(lengths):
     assert sum(len(r) for r in ranks) > n and max(all_ids.values()) == 2 and len(all_ids) == len(lengths[0])
 
 
-def test_evaluation_ranks_see_each_example_once(lengths):
-    ranks = [make(lengths, shuffle=False, pad_to_equal=False, rank=r, world_size=2) for r in range(2)]
-    batches = [list(s) for s in ranks]
-    assert abs(len(batches[0]) - len(batches[1])) <= 1 and [len(s) for s in ranks] == [len(b) for b in batches]
-    flat = [i for bs in batches for b in bs for i in b]
-    assert sorted(flat) == list(range(len(lengths[0])))
-
-
-def test_drop_uneven_keeps_equal_counts_without_repeats(lengths):
-    ranks = [list(make(lengths, drop_uneven=True, rank=r, world_size=3)) for r in range(3)]
-    assert len({len(r) for r in ranks}) == 1
-    flat = [i for r in ranks for b in r for i in b]
-    assert len(flat) == len(set(flat))
-
-
 def test_example_larger_than_budget_is_a_user_error():
     with pytest.raises(SeqmixError, match=r"max_tokens=10 is smaller than one example of 12 tokens"):
         TokenBudgetBatchSampler([3, 12], [4, 5], max_tokens=10)
@@ -131,7 +116,7 @@ def test_filter_by_length_loses_nothing_silently(lengths):
 
 
 def reference_batches(src, tgt, max_tokens, max_sentences=None, shuffle=True, seed=1, epoch=0, rank=0,
-                      world_size=1, drop_uneven=False, pad_to_equal=True):
+                      world_size=1):
     """The original per-example implementation, kept as an independent oracle for the vectorized one."""
     src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
     sizes = np.maximum(src, tgt)
@@ -157,11 +142,8 @@ def reference_batches(src, tgt, max_tokens, max_sentences=None, shuffle=True, se
     if shuffle:
         batches = [batches[j] for j in rng(1).permutation(len(batches))]
     if world_size > 1 and batches:
-        if drop_uneven:
-            batches = batches[: len(batches) - len(batches) % world_size]
-        elif pad_to_equal:
-            missing = -len(batches) % world_size
-            batches = batches + [batches[j % len(batches)] for j in range(missing)]
+        missing = -len(batches) % world_size
+        batches = batches + [batches[j % len(batches)] for j in range(missing)]
         batches = batches[rank::world_size]
     return batches
 
@@ -199,11 +181,10 @@ CASES = _cases()
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_matches_reference_implementation(case):
     src, tgt, max_tokens, max_sentences = CASES[case]
-    flags = ({}, {"drop_uneven": True}, {"pad_to_equal": False})
-    for world_size, shuffle, flag in itertools.product((1, 2, 3), (True, False), flags):
+    for world_size, shuffle in itertools.product((1, 2, 3), (True, False)):
         for rank in range(world_size):
             kw = {"max_tokens": max_tokens, "max_sentences": max_sentences, "shuffle": shuffle, "seed": 7,
-                  "rank": rank, "world_size": world_size, **flag}
+                  "rank": rank, "world_size": world_size}
             sampler = TokenBudgetBatchSampler(src, tgt, **kw)
             for e in (0, 2, 0):  # back to 0: the per-epoch cache must follow the epoch
                 sampler.set_epoch(e)
@@ -213,7 +194,7 @@ def test_matches_reference_implementation(case):
 
 
 def test_matches_reference_on_multi30k(lengths):
-    settings = [(1, {}), (2, {}), (3, {"drop_uneven": True}), (2, {"shuffle": False, "pad_to_equal": False})]
+    settings = [(1, {}), (2, {}), (3, {}), (2, {"shuffle": False})]
     for world_size, flag in settings:
         for rank, e in itertools.product(range(world_size), (0, 1)):
             kw = {"max_tokens": MAX_TOKENS, "max_sentences": MAX_SENTENCES, "seed": 3, "rank": rank,

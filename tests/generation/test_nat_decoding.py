@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
+from seqmix.errors import SeqmixError
 from seqmix.generation.nat_decoding import IterativeDecoder, candidate_rows, length_candidates, max_and_argmax
+from seqmix.generation.options import NATOptions
 from seqmix.models.encoder_decoder import EncoderOut
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
@@ -95,7 +97,7 @@ def constant_rule(n, seen, n_real):
 
 def decode(algorithm, rules, lengths, beam=1, iterations=10, per_query=True):
     model = Scripted(rules, lengths, per_query)
-    result = IterativeDecoder(algorithm, beam, iterations).generate(model, torch.zeros(len(rules), 3), trace=True)
+    result = IterativeDecoder(NATOptions(algorithm, beam, iterations)).generate(model, torch.zeros(len(rules), 3), trace=True)
     return model, result
 
 
@@ -185,10 +187,10 @@ def test_length_candidates_and_rows():
 
 
 def test_easy_first_needs_per_query_contexts():
-    with pytest.raises(ValueError, match="model=disco"):
+    with pytest.raises(SeqmixError, match="model=disco"):
         decode("easy_first", [chain_rule], [length_logits(4)], per_query=False)
-    with pytest.raises(ValueError, match="unknown NAT decoding"):
-        IterativeDecoder("beam")
+    with pytest.raises(SeqmixError, match="algorithm='beam' is unknown"):
+        NATOptions("beam")
 
 
 @pytest.mark.parametrize("vocab", [5, 64, 200, 8000])

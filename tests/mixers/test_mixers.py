@@ -4,14 +4,18 @@ and agreement with a float64 reference written from the paper's formula."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from seqmix.mixers import DynamicConv, LightConv, SelfAttention, TaLK
+from seqmix.mixers import DynamicConv, LightConv, SelfAttention
 from seqmix.mixers.base import MixerState
+from seqmix.mixers.group import mixer_config, mixer_factory, mixer_names
+from seqmix.models.stack import build_mixer
 
 C, H, K = 16, 4, 7
+TEST_CONF = Path(__file__).resolve().parent / "conf"
 
 
 def attention_reference(mixer: SelfAttention, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
@@ -92,15 +96,44 @@ def talk_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
     return y @ m.linear2.weight.double().T + m.linear2.bias.double()
 
 
-MIXERS = {
-    "self_attention": (lambda causal: SelfAttention(C, H, causal=causal), attention_reference),
-    "lightconv": (lambda causal: LightConv(C, H, K, causal=causal), head_conv_reference),
-    "dynamicconv": (lambda causal: DynamicConv(C, H, K, causal=causal), head_conv_reference),
-    # even kernel: fairseq's encoder convention (K−1)//2 taps on the left
-    "dynamicconv_even_k": (lambda causal: DynamicConv(C, 2, 4, causal=causal, glu=False), head_conv_reference),
-    "talk": (lambda causal: TaLK(C, H, K, causal=causal), talk_reference),
-    "talk_no_glu_k1": (lambda causal: TaLK(C, 2, 1, causal=causal, glu=False), talk_reference),
+def ema_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
+    """The test-tree mixer's recursion, step by step in float64 (its module computes it as one product)."""
+    a = torch.sigmoid(m.decay_logit.double())
+    x = x.double() if key_padding_mask is None else x.double().masked_fill(key_padding_mask.unsqueeze(-1), 0.0)
+
+    def run(seq):
+        y, out = torch.zeros_like(seq[:, 0]), []
+        for t in range(seq.size(1)):
+            y = (1 - a) * seq[:, t] + a * y
+            out.append(y)
+        return torch.stack(out, 1)
+
+    avg = run(x) if m.causal else (run(x) + run(x.flip(1)).flip(1)) / 2
+    return avg @ m.out_proj.weight.double().T + m.out_proj.bias.double()
+
+
+# The one row a new mixer adds: its float64 reference. The mixers themselves come from the conf/mixer group (plus
+# the test tree's conf/, which registers the EMA mixer by config alone).
+REFERENCES = {
+    "self_attention": attention_reference,
+    "lightconv": head_conv_reference,
+    "dynamicconv": head_conv_reference,
+    "talk": talk_reference,
+    "ema": ema_reference,
 }
+# extra settings of a group mixer worth their own rows: (group name, options, heads)
+VARIANTS = {
+    # even kernel: fairseq's encoder convention (K−1)//2 taps on the left
+    "dynamicconv_even_k": ("dynamicconv", {"kernel_size": 4, "glu": False}, 2),
+    "talk_no_glu_k1": ("talk", {"kernel_size": 1, "glu": False}, 2),
+}
+GROUP = mixer_names([TEST_CONF])
+MIXERS = {**{name: (name, {}, H) for name in GROUP}, **VARIANTS}
+
+
+def test_every_mixer_of_the_group_has_a_reference_row():
+    assert {"self_attention", "lightconv", "dynamicconv", "talk", "ema"} <= set(GROUP)
+    assert set(GROUP) <= set(REFERENCES), f"add a float64 reference for {sorted(set(GROUP) - set(REFERENCES))}"
 
 
 @pytest.fixture(params=sorted(MIXERS))
@@ -109,8 +142,17 @@ def mixer_name(request):
 
 
 def make(name, causal, seed=0):
+    """Built as a stack builds it: from the group config, with the side's causality and the stack's heads."""
+    base, options, heads = MIXERS[name]
+    cfg = mixer_config(base, [TEST_CONF])
+    if "kernel_size" in cfg and "kernel_size" not in options:
+        options = {**options, "kernel_size": K}
     torch.manual_seed(seed)
-    return MIXERS[name][0](causal).eval()
+    return build_mixer(mixer_factory(base, [TEST_CONF], **options), C, causal, 0, heads).eval()
+
+
+def reference(name):
+    return REFERENCES[MIXERS[name][0]]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -120,7 +162,7 @@ def test_matches_reference(mixer_name, causal, t):
     x = torch.randn(2, t, C)
     mask = torch.zeros(2, t, dtype=torch.bool)
     mask[1, max(1, t - 3):] = True
-    ref = MIXERS[mixer_name][1](m, x, mask if not causal else None)
+    ref = reference(mixer_name)(m, x, mask if not causal else None)
     out = m(x, key_padding_mask=mask if not causal else None)
     keep = ~mask if not causal else torch.ones_like(mask)
     torch.testing.assert_close(out.double()[keep], ref[keep], atol=1e-5, rtol=1e-5)
@@ -132,7 +174,7 @@ def test_gradients_match_reference(mixer_name):
     m(x).square().sum().backward()
     g = x.grad.clone()
     x64 = x.detach().double().requires_grad_()
-    ref = MIXERS[mixer_name][1](m, x64)
+    ref = reference(mixer_name)(m, x64)
     ref.square().sum().backward()
     torch.testing.assert_close(g.double(), x64.grad, atol=1e-4, rtol=1e-4)
 

@@ -386,7 +386,7 @@ def expected_parameters(cfg, vocab: int) -> int:
     ("multi30k_convs2s_cpu", 8000, 4),
 ])
 def test_presets_compose_and_instantiate_with_their_parameter_counts(experiment, vocab, layers):
-    from seqmix.cli.common import build_model
+    from seqmix.tasks.factory import build_model
 
     cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}", f"task.vocab_size={vocab}"]))
     with torch.device("meta"):  # shapes only: the WMT models have 10^8 parameters

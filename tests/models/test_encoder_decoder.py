@@ -87,4 +87,4 @@ def test_too_long_input_raises_clearly():
 
 def test_unknown_stack_setting_is_rejected():
     with pytest.raises(ValueError, match="unknown encoder/decoder settings"):
-        small_model(encoder=dict(layers=1, ffn_dim=8, mixer=None, heads=3))
+        small_model(encoder=dict(layers=1, ffn_dim=8, mixer=None, attention_heads=3))

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from seqmix.data.distilled import DistilledTrainSource, write_distilled
 from seqmix.errors import SeqmixError
+from seqmix.generation.options import NATOptions
 from seqmix.mixers.disco import DisCoAttention
 from seqmix.mixers.self_attention import SelfAttention
 from seqmix.models.nat import CMLMTransformer, DisCoTransformer
@@ -51,19 +52,32 @@ def test_loss_is_smoothed_nll_of_scored_tokens_plus_summed_length_nll(cls, mixer
 
 def test_decoding_settings_are_checked():
     t = task()
-    assert t.nat == {"algorithm": "easy_first", "length_beam": 5, "max_iterations": 10}
-    d = t.decoder_settings(beam_size=4, max_iterations=3)  # beam_size (generate.py's default) is ignored
-    assert (d.algorithm, d.length_beam, d.max_iterations) == ("easy_first", 5, 3)
+    assert t.nat == NATOptions("easy_first", 5, 10)  # DisCo decodes with parallel easy-first by default
+    d = t.nat_decoder(beam_size=4, max_iterations=3)  # beam_size (generate.py's default) is ignored
+    assert d.options == NATOptions("easy_first", 5, 3)
+    assert t.nat_options(max_iterations=None) == t.nat  # None keeps the task's setting
     with pytest.raises(SeqmixError, match="do not apply"):
-        t.decoder_settings(len_penalty=1.0)
+        t.nat_decoder(len_penalty=1.0)
     with pytest.raises(SeqmixError, match="length_beam=0"):
-        t.decoder_settings(length_beam=0)
+        t.nat_decoder(length_beam=0)
     cmlm = task(CMLMTransformer, SelfAttention)
-    assert cmlm.nat["algorithm"] == "mask_predict"
+    assert cmlm.nat.algorithm == "mask_predict"
     with pytest.raises(SeqmixError, match="model=disco"):
-        cmlm.decoder_settings(algorithm="easy_first")
+        cmlm.nat_decoder(algorithm="easy_first")
     with pytest.raises(SeqmixError, match="model=disco"):
-        task(CMLMTransformer, SelfAttention, nat={"algorithm": "easy_first"})
+        task(CMLMTransformer, SelfAttention, nat=NATOptions("easy_first"))
+
+
+def test_evaluate_texts_reports_the_passes_of_the_decoder_it_used():
+    """generate.py's path: the iterations line names the settings actually decoded with, not the task's."""
+    t = task(CMLMTransformer, SelfAttention).eval()
+    t.tokenizer = SimpleNamespace(**vars(TOKENIZER), encode_batch=lambda texts: [[4 + len(x)] for x in texts],
+                                  decode=lambda ids: " ".join(map(str, ids.tolist())), normalize_reference=str)
+    hyps, report = t.evaluate_texts(["a", "bb", "ccc"], [["5"], ["6"], ["7"]], max_tokens=50, beam_size=5,
+                                    max_iterations=2)
+    assert len(hyps) == 3 and report.metrics["iterations"] == 2.0  # mask-predict always runs its passes
+    assert "mask_predict (max iterations 2, length beam 5): average iterations 2.00" in report.details
+    assert report.headline.endswith(", average iterations: 2.00")
 
 
 def test_distilled_source_replaces_only_the_training_split(tmp_path):

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from seqmix.data.tokenizer import train_tokenizer
+from seqmix.generation import BeamOptions
 from seqmix.metrics import corpus_rouge, lead
 from seqmix.mixers import LightConv
 from seqmix.models import EncoderDecoder
 from seqmix.tasks import SummarizationTask
+from seqmix.tasks.options import RougeOptions
 
 DOCS = ["The cat sat on the mat. It was warm. Then it slept. The end.",
         "A dog ran in the park! It barked at birds. Nobody minded.",
@@ -25,8 +27,8 @@ def task(**generation):
     mix = functools.partial(LightConv, num_heads=2, kernel_size=3)
     model = EncoderDecoder(tok.vocab_size, tok.vocab_size, tok.pad, 16, encoder=dict(layers=1, ffn_dim=32, mixer=mix),
                            decoder=dict(layers=1, ffn_dim=32, mixer=mix, cross_attention_heads=2), dropout=0.0)
-    return SummarizationTask(model.eval(), tok, optimizer=torch.optim.Adam, generation=generation,
-                             rouge={"stemming": True, "lead": 2})
+    return SummarizationTask(model.eval(), tok, optimizer=torch.optim.Adam, generation=BeamOptions(**generation),
+                             rouge=RougeOptions(stemming=True, lead=2))
 
 
 def trigrams(tokens: list[int]) -> list[tuple]:
@@ -80,7 +82,7 @@ def test_generation_settings_flow_from_the_config_to_the_generator(name):
     from hydra.utils import instantiate
     from omegaconf import open_dict
 
-    from seqmix.cli.common import build_task
+    from seqmix.tasks.factory import build_task
     from tests.test_configs import compose_train, resolve_outside_hydra
 
     cfg = resolve_outside_hydra(compose_train([f"task={name}", "model=lightconv_small",
@@ -95,10 +97,10 @@ def test_generation_settings_flow_from_the_config_to_the_generator(name):
     search = t.beam_search()
     for key in ("beam_size", "min_len_a", "min_len_b", "max_len_a", "max_len_b", "no_repeat_ngram_size",
                 "len_penalty", "stepwise_len_penalty"):
-        assert getattr(search, key) == gen[key], key
-    assert (search.len_penalty, search.min_len_b) == (0.7, 3)  # command-line overrides too
-    assert t.beam_search(beam_size=1).beam_size == 1 and t.beam_search().beam_size == gen.beam_size
-    assert (t.stemming, t.lead_sentences) == (cfg.task.rouge.stemming, cfg.task.rouge.lead)
+        assert getattr(search.options, key) == gen[key], key
+    assert (search.options.len_penalty, search.options.min_len_b) == (0.7, 3)  # command-line overrides too
+    assert t.beam_search(beam_size=1).options.beam_size == 1 and t.beam_search().options.beam_size == gen.beam_size
+    assert t.rouge == RougeOptions(cfg.task.rouge.stemming, cfg.task.rouge.lead)
     limit = int(cfg.task.data.truncate_source)
     assert instantiate(cfg.task.data, _convert_="all").truncate_source == limit
     assert t.prepare_source_ids([list(range(limit + 50)), [5, 6]]) == [list(range(limit)), [5, 6]]
@@ -140,7 +142,8 @@ def test_every_reference_of_a_record_reaches_the_score(tmp_path):
     assert [len(r) for r in refs] == [3, 1, 2] and refs[0][2] == dm.tokenizer.normalize_reference("We watch cats nap.")
     t = task()
     t.reference_source = dm
-    last = t.corpus_report("valid", "val", {i: r[-1] for i, r in enumerate(refs)}, 0.0, 1)
+    last = t.corpus_report("valid", "val", {i: (r[-1], None) for i, r in enumerate(refs)}, 0.0, 1)  # eval_outputs
     assert last.metrics == pytest.approx(dict.fromkeys(last.metrics, 100.0)) and len(last.metrics) == 4
-    wrong = t.corpus_report("valid", "val", {0: refs[2][0], 1: refs[0][1], 2: refs[1][0]}, 0.0, 1)
+    wrong = t.corpus_report("valid", "val", {0: (refs[2][0], None), 1: (refs[0][1], None), 2: (refs[1][0], None)},
+                            0.0, 1)
     assert wrong.metrics["rouge1"] < 50

@@ -1,0 +1,64 @@
+"""The ``conf/mixer`` config group as the one list of mixers: tests, benchmarks and docs discover mixers here.
+
+A mixer is registered by its config file alone (``conf/mixer/<name>.yaml`` with ``_target_`` and
+``_partial_: true``); extra config folders (a plugin's, or the test tree's) holding a ``mixer/`` subfolder
+join the group the same way ``hydra.searchpath`` adds them to ``train.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from seqmix.errors import SeqmixError
+from seqmix.mixers.base import TokenMixer
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _group_dirs(extra_conf_dirs: Iterable[str | Path] = ()) -> list[Path]:
+    return [Path(d) / "mixer" for d in (CONF_DIR, *extra_conf_dirs)]
+
+
+def mixer_names(extra_conf_dirs: Iterable[str | Path] = ()) -> list[str]:
+    """Every mixer of the group, sorted by name."""
+    return sorted({p.stem for d in _group_dirs(extra_conf_dirs) for p in d.glob("*.yaml")})
+
+
+def mixer_config(name: str, extra_conf_dirs: Iterable[str | Path] = ()) -> DictConfig:
+    """A mixer's config file, as Hydra would put it under ``model.<side>.mixer``."""
+    for d in _group_dirs(extra_conf_dirs):
+        path = d / f"{name}.yaml"
+        if path.is_file():
+            return OmegaConf.load(path)
+    raise KeyError(f"no mixer {name!r} in the mixer group; known: {mixer_names(extra_conf_dirs)}")
+
+
+def mixer_class(name: str, extra_conf_dirs: Iterable[str | Path] = ()) -> type[TokenMixer]:
+    return get_class(mixer_config(name, extra_conf_dirs)._target_)
+
+
+def mixer_factory(name: str, extra_conf_dirs: Iterable[str | Path] = (), **options) -> partial:
+    """The mixer's partial from its config, with ``options`` overriding the file's values."""
+    cfg = OmegaConf.merge(mixer_config(name, extra_conf_dirs), options)
+    return instantiate(cfg)
+
+
+def settle_mixer_choice(cfg: DictConfig) -> None:
+    """Drop the composed top-level ``mixer`` node: it only names the choice both sides start from, so an option
+    set there (``mixer.kernel_size=...``) would change nothing. Say so instead of ignoring it."""
+    if "mixer" not in cfg:
+        return
+    choice = HydraConfig.get().runtime.choices.get("mixer") if HydraConfig.initialized() else None
+    if choice is not None and (CONF_DIR / "mixer" / f"{choice}.yaml").is_file():
+        changed = sorted(k for k, v in cfg.mixer.items() if mixer_config(choice).get(k) != v)
+        if changed:
+            raise SeqmixError(f"mixer options go to a side: model.encoder.mixer.{changed[0]}=... and/or "
+                              f"model.decoder.mixer.{changed[0]}=... (the top-level mixer.{changed[0]} changes nothing)")
+    with open_dict(cfg):
+        del cfg["mixer"]

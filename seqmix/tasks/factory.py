@@ -1,0 +1,34 @@
+"""Building a task and its model from a run config, as train.py, generate.py, the benchmarks and the tests do."""
+
+from __future__ import annotations
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+
+def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
+    """An encoder-decoder model preset (``conf/model``) for the given vocabularies."""
+    return instantiate(model_cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                       padding_idx=padding_idx)
+
+
+def task_class(cfg: DictConfig) -> type:
+    """The task's LightningModule class (``task.module._target_``): it knows how to build its model."""
+    return get_class(cfg.task.module._target_)
+
+
+def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
+    """The configured task around ``model`` (built from the config when None)."""
+    cls = task_class(cfg)
+    if model is None:
+        model = cls.build_model(cfg, tokenizer.vocab_size, tokenizer.pad)
+    factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
+    return factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
+                   scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
+                   run_config=to_container(cfg), **cls.options_from_config(cfg))
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """The run config as plain data (what checkpoints store)."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
