@@ -76,5 +76,5 @@ def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
     rows = training.run(training.Settings(models=("convs2s_small",), warmup=0, repeats=1, max_tokens=128), CPU,
                         log=lambda *_: None)
     assert rows[0]["status"] == "ok" and rows[0]["speed_ratio"] == 1.0
-    assert rows[1]["status"].startswith("FAILED: training loss became nan")  # the task's own guard refused it
+    assert rows[1]["status"].startswith("FAILED: training loss became non-finite")  # the task's own guard refused it
     assert rows[1]["ms_per_update"] is None and rows[1]["speed_ratio"] is None

@@ -56,6 +56,9 @@ class SeqmixTask(L.LightningModule, ABC):
     ``evaluate_texts``: a task missing one cannot be constructed) and may add per-example evaluation outputs
     (``eval_outputs``) that ``corpus_report`` turns into a metric."""
 
+    #: updates between host reads of the non-finite-loss flag (see ``watch_finite``); None: 1 on CPU, 50 elsewhere
+    finite_check_interval: int | None = None
+
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  run_config: dict | None = None) -> None:
         super().__init__()
@@ -66,6 +69,7 @@ class SeqmixTask(L.LightningModule, ABC):
         self.run_config = run_config or {}
         self._eval_outputs: list = []
         self._last_step_time: float | None = None
+        self._first_nonfinite: Tensor | None = None  # step of the first non-finite loss (-1: none), on the device
         self.reports: dict[str, Report] = {}
         self.test_split = "test"
         self.reference_source = None  # what corpus_report reads references from (default: the trainer's data)
@@ -88,12 +92,7 @@ class SeqmixTask(L.LightningModule, ABC):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, nll, ntokens = self.compute_loss(batch)
-        if not torch.isfinite(loss):
-            raise SeqmixError(
-                f"training loss became {loss.item()} at step {self.global_step}. Checkpoints written so far are "
-                "kept in the run's checkpoints/ folder; resume from the last one with a lower optim.lr, a longer "
-                "warmup, gradient clipping (trainer.gradient_clip_val) or trainer.precision=bf16-mixed/32-true."
-            )
+        self.watch_finite(loss)
         denom = max(ntokens, 1)
         now = time.perf_counter()
         if self._last_step_time is not None:
@@ -104,6 +103,30 @@ class SeqmixTask(L.LightningModule, ABC):
         self.log("train/nll", nll.detach() / denom, on_step=True, on_epoch=False, batch_size=bsz)
         self.log("train/ppl", torch.exp(nll.detach() / denom), on_step=True, on_epoch=False, batch_size=bsz)
         return loss / denom
+
+    def watch_finite(self, loss: Tensor) -> None:
+        """Remember the first update whose loss is not finite, on the loss's device. Reading it back stalls a GPU,
+        so it is read every update on CPU, every ``finite_check_interval`` (50) updates elsewhere, and always before a
+        checkpoint is written (``on_save_checkpoint``), so no checkpoint ever holds what a NaN update produced."""
+        step = torch.full((), self.global_step, device=loss.device)
+        bad = ~torch.isfinite(loss.detach())
+        first = self._first_nonfinite
+        self._first_nonfinite = torch.where(bad, step, -1) if first is None else \
+            torch.where(bad & first.lt(0), step, first)
+        interval = self.finite_check_interval or (1 if loss.device.type == "cpu" else 50)
+        if (self.global_step + 1) % interval == 0:
+            self.raise_if_nonfinite()
+
+    def raise_if_nonfinite(self) -> None:
+        if self._first_nonfinite is None:
+            return
+        step = int(self._first_nonfinite)
+        if step >= 0:
+            raise SeqmixError(
+                f"training loss became non-finite at step {step}. Checkpoints written so far are kept in the run's "
+                "checkpoints/ folder; resume from the last one with a lower optim.lr, a longer warmup, gradient "
+                "clipping (trainer.gradient_clip_val) or trainer.precision=bf16-mixed/32-true."
+            )
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
@@ -182,4 +205,5 @@ class SeqmixTask(L.LightningModule, ABC):
 
     # --- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.raise_if_nonfinite()  # before Lightning writes the file
         checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
