@@ -90,6 +90,18 @@ class EncoderDecoder(nn.Module):
         enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
         return self.output_layer(self.decoder(prev_output_tokens, state, encoder_out.out, enc_mask))
 
+    def decode_features(self, prev_output_tokens: Tensor, encoder_out: EncoderOut) -> Tensor:
+        """Decoder output (B, T, C) before the output projection, for losses that fuse the projection
+        (``seqmix.tasks.fused_loss``); ``decode`` = ``output_layer(decode_features(...))`` without a state."""
+        enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
+        return self.decoder(prev_output_tokens, None, encoder_out.out, enc_mask)
+
+    def output_weight(self) -> Tensor:
+        """The (V, C) output projection: the tied target embedding or ``output_projection`` (no bias)."""
+        if self.output_projection is None:
+            return self.decoder.embed_tokens.weight
+        return self.output_projection.weight
+
     def output_layer(self, x: Tensor) -> Tensor:
         if self.output_projection is None:
             return F.linear(x, self.decoder.embed_tokens.weight)

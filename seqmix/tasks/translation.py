@@ -17,6 +17,7 @@ from seqmix.generation.options import BeamOptions, overridden
 from seqmix.metrics import corpus_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.factory import build_model
+from seqmix.tasks.fused_loss import projected_label_smoothed_loss
 from seqmix.tasks.losses import label_smoothed_nll_loss
 from seqmix.tasks.options import BleuOptions, from_config
 
@@ -26,9 +27,10 @@ class TranslationTask(SeqmixTask):
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  label_smoothing: float = 0.1, generation: BeamOptions | None = None, bleu: BleuOptions | None = None,
-                 eval_decode: bool = True, run_config: dict | None = None) -> None:
+                 eval_decode: bool = True, run_config: dict | None = None, fused_loss: bool = False) -> None:
         super().__init__(model, tokenizer, optimizer, scheduler, run_config)
         self.label_smoothing = label_smoothing
+        self.fused_loss = fused_loss  # project + loss in row chunks (seqmix.tasks.fused_loss) when the model can
         self.generation = generation or BeamOptions()
         self.bleu = bleu or BleuOptions()
         self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
@@ -40,13 +42,24 @@ class TranslationTask(SeqmixTask):
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
-        return {"label_smoothing": cfg.label_smoothing, "generation": from_config(cfg, "generation", BeamOptions),
-                "bleu": from_config(cfg, "bleu", BleuOptions)}
+        options = {"label_smoothing": cfg.label_smoothing, "generation": from_config(cfg, "generation", BeamOptions),
+                   "bleu": from_config(cfg, "bleu", BleuOptions)}
+        if cls.compute_loss is TranslationTask.compute_loss:  # tasks with their own loss never take the option
+            options["fused_loss"] = bool(cfg.get("fused_loss", False))
+        return options
 
     # --- training ------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
-        logits = self.model(batch["src_tokens"], batch["prev_output_tokens"])
-        return label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.tokenizer.pad)
+        """Summed label-smoothed loss and nll, and the target token count. With ``fused_loss`` and a model that
+        exposes ``decode_features`` and ``output_weight``, the (tokens x vocabulary) logits are never built."""
+        model = self.model
+        if self.fused_loss and hasattr(model, "decode_features") and hasattr(model, "output_weight"):
+            features = model.decode_features(batch["prev_output_tokens"], model.encode(batch["src_tokens"]))
+            return projected_label_smoothed_loss(features, model.output_weight(), batch["target"],
+                                                 self.label_smoothing, self.tokenizer.pad, ntokens=batch.get("ntokens"))
+        logits = model(batch["src_tokens"], batch["prev_output_tokens"])
+        return label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.tokenizer.pad,
+                                       ntokens=batch.get("ntokens"))
 
     # --- decoding ------------------------------------------------------------------------------
     def beam_search(self, **overrides) -> BeamSearch:

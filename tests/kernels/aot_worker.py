@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 # after TRITON_INTERPRET is removed (the kernels' mode is fixed when triton_kernels is first imported).
 KERNEL_NAMES = ("lightconv_fwd", "lightconv_bwd_weight", "dynamicconv_fwd", "dynamicconv_bwd_input",
                 "dynamicconv_bwd_weight", "talk_prefix", "talk_fwd_enc", "talk_fwd_dec", "talk_bwd_input_enc",
-                "talk_bwd_input_dec", "talk_bwd_offsets_enc", "talk_bwd_offsets_dec")
+                "talk_bwd_input_dec", "talk_bwd_offsets_enc", "talk_bwd_offsets_dec", "fused_xent_fwd",
+                "fused_xent_bwd_features", "fused_xent_bwd_weight")
 KS = (3, 7, 15, 31, 63)
 DTYPES = ("fp16", "bf16")
 WIDTHS = ((512, 4), (512, 8), (512, 16), (1024, 4), (1024, 8), (1024, 16))  # (C, H) of the presets
@@ -82,10 +83,11 @@ def ptxas_report(ptx: str, arch: int) -> dict:
 
 def all_kernels() -> list:
     from triton_kernels.dynamicconv import KERNELS as DYNAMICCONV_KERNELS
+    from triton_kernels.fused_xent import KERNELS as FUSED_XENT_KERNELS
     from triton_kernels.lightconv import KERNELS as LIGHTCONV_KERNELS
     from triton_kernels.talk import KERNELS as TALK_KERNELS
 
-    return LIGHTCONV_KERNELS + DYNAMICCONV_KERNELS + TALK_KERNELS
+    return LIGHTCONV_KERNELS + DYNAMICCONV_KERNELS + TALK_KERNELS + FUSED_XENT_KERNELS
 
 
 def jobs(generic_k: int = 31):

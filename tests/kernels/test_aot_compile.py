@@ -56,13 +56,14 @@ def _print_table(rows: list[dict]) -> None:
 def test_kernel_list_is_complete():
     """Every @triton.jit entry point in the kernel modules is in some KERNELS list (helpers start with _)."""
     import triton_kernels.dynamicconv.kernels as dk
+    import triton_kernels.fused_xent.kernels as xk
     import triton_kernels.lightconv.kernels as lk
     import triton_kernels.talk.kernels as tk
 
     specs = aot_worker.all_kernels()
     assert [s.name for s in specs] == list(aot_worker.KERNEL_NAMES)
     listed = {spec.fn for spec in specs}
-    for mod in (lk, dk, tk):
+    for mod in (lk, dk, tk, xk):
         for name, obj in inspect.getmembers(mod):
             if name.startswith("_") or not hasattr(obj, "arg_names"):
                 continue
