@@ -34,6 +34,7 @@ class Settings:
     repeats: int = 5
     max_tokens: int | None = None  # padded tokens per batch (default: the recipe's task.data.max_tokens)
     data_dir: str | None = None  # folder holding multi30k/ (default: the recipes' paths.data_dir)
+    overrides: tuple[str, ...] = ()  # extra config overrides for every recipe, e.g. ("fused_loss=false",)
 
 
 QUICK = {"warmup": 1, "repeats": 2}
@@ -116,6 +117,7 @@ def run(s: Settings, device: torch.device, log=print) -> list[dict]:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     overrides = [f"task.data.max_tokens={s.max_tokens}"] if s.max_tokens else []
     overrides += [f"paths.data_dir={Path(s.data_dir).resolve()}"] if s.data_dir else []
+    overrides += list(s.overrides)
     rows = []
     for model in dict.fromkeys((BASELINE, *s.models)):
         try:
