@@ -87,14 +87,14 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, state: DecoderState | None = None) -> Tensor:
         """Logits (B, T, V). With ``state``, ``prev_output_tokens`` holds only the new step(s)."""
-        enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
-        return self.output_layer(self.decoder(prev_output_tokens, state, encoder_out.out, enc_mask))
+        return self.output_layer(self.decode_features(prev_output_tokens, encoder_out, state))
 
-    def decode_features(self, prev_output_tokens: Tensor, encoder_out: EncoderOut) -> Tensor:
-        """Decoder output (B, T, C) before the output projection, for losses that fuse the projection
-        (``seqmix.tasks.fused_loss``); ``decode`` = ``output_layer(decode_features(...))`` without a state."""
+    def decode_features(self, prev_output_tokens: Tensor, encoder_out: EncoderOut,
+                        state: DecoderState | None = None) -> Tensor:
+        """Decoder output (B, T, C) before the output projection, also for losses that fuse the projection
+        (``seqmix.tasks.fused_loss``)."""
         enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
-        return self.decoder(prev_output_tokens, None, encoder_out.out, enc_mask)
+        return self.decoder(prev_output_tokens, state, encoder_out.out, enc_mask)
 
     def output_weight(self) -> Tensor:
         """The (V, C) output projection: the tied target embedding or ``output_projection`` (no bias)."""
@@ -103,9 +103,7 @@ class EncoderDecoder(nn.Module):
         return self.output_projection.weight
 
     def output_layer(self, x: Tensor) -> Tensor:
-        if self.output_projection is None:
-            return F.linear(x, self.decoder.embed_tokens.weight)
-        return self.output_projection(x)
+        return F.linear(x, self.output_weight())
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         return self.decode(prev_output_tokens, self.encode(src_tokens))

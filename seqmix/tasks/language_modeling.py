@@ -20,10 +20,9 @@ from seqmix.errors import SeqmixError
 from seqmix.metrics import perplexity
 from seqmix.models.stack import layer_mixer_configs
 from seqmix.tasks.base import Report, SeqmixTask
+from seqmix.tasks.options import AdaptiveOptions, from_config
 
 log = logging.getLogger("seqmix")
-
-_ADAPTIVE_DEFAULTS = {"input": False, "softmax": False, "cutoffs": [], "factor": 4.0, "softmax_dropout": 0.0}
 
 
 def decoder_only_spec(cfg: DictConfig, vocab_size: int, padding_idx: int) -> dict:
@@ -38,19 +37,15 @@ def decoder_only_spec(cfg: DictConfig, vocab_size: int, padding_idx: int) -> dic
     if any(get_class(t).language_model_pre_norm for t in targets) and not decoder.get("normalize_before"):
         log.info("language model with %s: pre-norm forced (normalize_before=true)", ", ".join(targets))
         decoder["normalize_before"] = True
-    given = cfg.task.get("adaptive")
-    adaptive = {**_ADAPTIVE_DEFAULTS, **({} if given is None else OmegaConf.to_container(given, resolve=True))}
-    unknown = set(adaptive) - set(_ADAPTIVE_DEFAULTS)
-    if unknown:
-        raise SeqmixError(f"unknown task.adaptive keys {sorted(unknown)}; allowed: {sorted(_ADAPTIVE_DEFAULTS)}")
+    adaptive = from_config(cfg, "adaptive", AdaptiveOptions)
     return {
         "_target_": "seqmix.models.DecoderOnly", "_convert_": "all",
         "vocab_size": vocab_size, "padding_idx": padding_idx, "embed_dim": model.embed_dim, "decoder": decoder,
         "dropout": model.dropout, "positions": model.positions, "max_positions": model.max_target_positions,
         "scale_embedding": model.scale_embedding, "tie_weights": model.share_decoder_input_output_embed,
-        "input_cutoffs": adaptive["cutoffs"] if adaptive["input"] else [],
-        "softmax_cutoffs": adaptive["cutoffs"] if adaptive["softmax"] else [],
-        "adaptive_factor": adaptive["factor"], "softmax_dropout": adaptive["softmax_dropout"], "name": model.name,
+        "input_cutoffs": list(adaptive.cutoffs) if adaptive.input else [],
+        "softmax_cutoffs": list(adaptive.cutoffs) if adaptive.softmax else [],
+        "adaptive_factor": adaptive.factor, "softmax_dropout": adaptive.softmax_dropout, "name": model.name,
     }
 
 

@@ -27,6 +27,17 @@ class RougeOptions:
     lead: int = 3  # sentences of the lead-N baseline
 
 
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """Adaptive input/softmax of language models (``task.adaptive``; fields in sorted order for the error text)."""
+
+    cutoffs: tuple[int, ...] = ()  # band boundaries in the frequency-sorted vocabulary
+    factor: float = 4.0  # each band's width is the previous one's / factor
+    input: bool = False
+    softmax: bool = False
+    softmax_dropout: float = 0.0
+
+
 def from_config(cfg: DictConfig, key: str, cls: type[T]) -> T:
     """``cls`` from ``cfg.task.<key>`` (absent or null: its defaults); a key it does not know is a user error."""
     node = cfg.task.get(key)
