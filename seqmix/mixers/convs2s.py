@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from seqmix.dropout import dropout
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.base import TokenMixer, check_incremental_call, zero_padding
 from seqmix.mixers.conv_block import WindowState, encoder_padding, kernel_size_for_layer
@@ -72,7 +73,7 @@ class GLUConv(TokenMixer):
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None,
                 residual: Tensor | None = None) -> Tensor:
         check_incremental_call(self, x, state)
-        x = F.dropout(zero_padding(x, key_padding_mask), p=self.input_dropout, training=self.training)
+        x = dropout(zero_padding(x, key_padding_mask), p=self.input_dropout, training=self.training)
         if state is not None:
             return self.step(x, state, residual)
         h = F.pad(x.transpose(1, 2), (self.pad_left, self.pad_right))

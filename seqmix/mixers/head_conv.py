@@ -5,9 +5,9 @@ taps come from; dispatch between the Triton kernel and the PyTorch path lives he
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.dropout import dropout
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.banded import banded_conv
 
@@ -41,7 +41,7 @@ class HeadConvolution(nn.Module):
         w = w.to(torch.promote_types(w.dtype, torch.float32))
         if self.weight_softmax:
             w = torch.softmax(w, dim=-1)
-        return F.dropout(w, p=self.weight_dropout, training=self.training)
+        return dropout(w, p=self.weight_dropout, training=self.training)
 
     def forward(self, x: Tensor, padding_l: int) -> Tensor:
         w = self.taps(x)

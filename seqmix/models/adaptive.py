@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.dropout import Dropout
 from seqmix.errors import SeqmixError
 
 
@@ -119,7 +120,7 @@ class AdaptiveSoftmax(nn.Module):
         self.cluster = nn.Linear(embed_dim, n - 1, bias=False) if n > 1 else None
         if self.cluster is not None:
             nn.init.normal_(self.cluster.weight, mean=0.0, std=embed_dim**-0.5)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.vocab_size = vocab_size
 
     def _band_logits(self, i: int, x: Tensor) -> Tensor:

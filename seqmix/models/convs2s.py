@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from seqmix.dropout import dropout
 from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
@@ -191,7 +192,7 @@ class ConvStack(nn.Module):
 
     def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         x = self.embed_tokens(tokens) + self.embed_positions(tokens, offset).to(self.embed_tokens.weight.dtype)
-        return F.dropout(x, p=self.dropout, training=self.training)
+        return dropout(x, p=self.dropout, training=self.training)
 
     def run_blocks(self, x: Tensor, states: list[WindowState] | None = None, **kwargs) -> Tensor:
         outputs = [x]
@@ -274,7 +275,7 @@ class ConvS2S(nn.Module):
                            memory=AttentionMemory.from_encoder_out(encoder_out), target_embedding=g)
         if state is not None:
             state.step += prev_output_tokens.size(1)
-        x = F.dropout(x, p=dec.dropout, training=self.training)
+        x = dropout(x, p=dec.dropout, training=self.training)
         if self.output_projection is None:
             return F.linear(x, dec.embed_tokens.weight, self.output_bias)
         return self.output_projection(x)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from seqmix.dropout import Dropout
 from seqmix.errors import SeqmixError
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
@@ -108,7 +109,7 @@ class Stack(nn.Module):
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(embed_dim) if scale_embedding else 1.0
         self.embed_positions = PositionalEmbedding(max_positions, embed_dim, self.padding_idx, positions)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pattern = None if pattern is None else list(pattern)
         factories = layer_mixer_configs({"layers": layers, "mixer": mixer, "pattern": pattern, "legend": legend})
         self.layers = nn.ModuleList(
