@@ -107,13 +107,14 @@ class SharedTapsConv(torch.autograd.Function):
         heads, k = w.shape
         gy = gy.contiguous()
         gx = gw = None
-        if ctx.needs_input_grad[0]:
-            gx = depthwise_conv(gy, w.flip(-1).repeat_interleave(x.shape[-1] // heads, 0), k - 1 - ctx.padding_l)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1]:  # first, so that its padded copies are freed before gx is allocated
             grid = _Chunks(x, heads, k)
             x_flat, gy_flat = grid.pad(x, ctx.padding_l), grid.pad(gy, 0)
             prod = x.new_empty(grid.count, grid.chunk, grid.width)
             gw = torch.stack([grid.tap_products(gy_flat, x_flat, h, out=prod).sum((0, 1)) for h in range(heads)])
+            del x_flat, gy_flat, prod
+        if ctx.needs_input_grad[0]:
+            gx = depthwise_conv(gy, w.flip(-1).repeat_interleave(x.shape[-1] // heads, 0), k - 1 - ctx.padding_l)
         return gx, gw, None
 
 
