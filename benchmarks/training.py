@@ -22,9 +22,9 @@ from seqmix.errors import SeqmixError
 
 BASELINE = "transformer_small"
 RECIPES = (BASELINE, "lightconv_small", "dynamicconv_small", "talk_small", "convs2s_small", "disco_small", "cmlm_small")
-FIELDS = ("model experiment parameters data max_tokens accumulate updates sentences_per_update tgt_tokens_per_update "
-          "ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio cpu_ms_per_update cpu_time_ratio final_loss "
-          "batch_digest status")
+FIELDS = ("model variant experiment parameters data max_tokens accumulate updates sentences_per_update "
+          "tgt_tokens_per_update first_update_s ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio "
+          "variant_speed_ratio cpu_ms_per_update cpu_time_ratio final_loss batch_digest status")
 
 
 @dataclass
@@ -35,6 +35,9 @@ class Settings:
     max_tokens: int | None = None  # padded tokens per batch (default: the recipe's task.data.max_tokens)
     data_dir: str | None = None  # folder holding multi30k/ (default: the recipes' paths.data_dir)
     overrides: tuple[str, ...] = ()  # extra config overrides for every recipe, e.g. ("fused_loss=false",)
+    # override sets each recipe is timed with, one row each, e.g. ((), ("compile=true",)): eager and compiled updates
+    # of a recipe in adjacent rows of one run (variant_speed_ratio: over the recipe's first set)
+    variants: tuple[tuple[str, ...], ...] = ((),)
 
 
 QUICK = {"warmup": 1, "repeats": 2}
@@ -104,6 +107,7 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
     wall, cpu, tokens, sentences = zip(*timer.updates[s.warmup:])
     return common.new_row(
         FIELDS, model=str(cfg.model.name), experiment=experiment_of(model), parameters=count_parameters(task.model),
+        first_update_s=timer.updates[0][0],  # with compile=true: the first compile too (steady time excludes it)
         data=f"multi30k train ({cfg.task.data.source.path})", max_tokens=int(cfg.task.data.max_tokens), accumulate=accum,
         updates=len(wall), sentences_per_update=statistics.fmean(sentences), tgt_tokens_per_update=statistics.fmean(tokens),
         ms_per_update=1000 * statistics.median(wall), ms_min=1000 * min(wall), ms_max=1000 * max(wall),
@@ -113,30 +117,45 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
 
 
 def run(s: Settings, device: torch.device, log=print) -> list[dict]:
-    """A row per recipe, baseline first; ERROR (raised) or FAILED (non-finite loss) rows get no numbers."""
+    """A row per recipe and variant, baseline first; ERROR (raised) or FAILED (non-finite loss) rows get no numbers."""
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     overrides = [f"task.data.max_tokens={s.max_tokens}"] if s.max_tokens else []
     overrides += [f"paths.data_dir={Path(s.data_dir).resolve()}"] if s.data_dir else []
     overrides += list(s.overrides)
-    rows = []
+    rows, first = [], variant_name(s.variants[0])
     for model in dict.fromkeys((BASELINE, *s.models)):
-        try:
-            rows.append(measure(model, s, overrides, device))
-        except Exception as err:
-            kind = "FAILED" if isinstance(err, SeqmixError) and "training loss" in str(err) else "ERROR"
-            rows.append(common.new_row(FIELDS, model=model, experiment=experiment_of(model),
-                                       status=f"{kind}: {' '.join(str(err).split())[:300]}"))
-        log(f"  {model}: {common.cell(rows[-1]['ms_per_update'], '.0f')} ms/update, {rows[-1]['status']}")
-    common.add_ratios(rows, lambda r: 0, lambda r: r["model"] == BASELINE, speed_ratio="tokens_per_s",
+        for extra in s.variants:
+            rows.append(measure_row(model, s, [*overrides, *extra], device) | {"variant": variant_name(extra)})
+            log(f"  {model} [{rows[-1]['variant']}]: {common.cell(rows[-1]['ms_per_update'], '.0f')} ms/update, "
+                f"first update {common.cell(rows[-1]['first_update_s'], '.1f')} s, {rows[-1]['status']}")
+    common.add_ratios(rows, lambda r: r["variant"], lambda r: r["model"] == BASELINE, speed_ratio="tokens_per_s",
                       time_ratio="ms_per_update", cpu_time_ratio="cpu_ms_per_update")
+    common.add_ratios(rows, lambda r: r["experiment"], lambda r: r["variant"] == first,
+                      variant_speed_ratio="tokens_per_s")
     return rows
 
 
-TABLE = [("model", "model", ""), ("params", lambda r: r["parameters"] and f"{r['parameters'] / 1e6:.1f}M", ""),
+def variant_name(overrides: tuple[str, ...]) -> str:
+    return " ".join(overrides) or "default"
+
+
+def measure_row(model: str, s: Settings, overrides: list[str], device: torch.device) -> dict:
+    """``measure``, or a row without numbers: FAILED (non-finite loss) or ERROR (anything raised)."""
+    try:
+        return measure(model, s, overrides, device)
+    except Exception as err:
+        kind = "FAILED" if isinstance(err, SeqmixError) and "training loss" in str(err) else "ERROR"
+        return common.new_row(FIELDS, model=model, experiment=experiment_of(model),
+                              status=f"{kind}: {' '.join(str(err).split())[:300]}")
+
+
+TABLE = [("model", "model", ""), ("variant", "variant", ""), ("params", lambda r: r["parameters"] and f"{r['parameters'] / 1e6:.1f}M", ""),
          ("updates", "updates", ""), ("sent/upd", "sentences_per_update", ".0f"),
-         ("tgt tok/upd", "tgt_tokens_per_update", ".0f"), ("ms/update", "ms_per_update", ".0f"),
+         ("tgt tok/upd", "tgt_tokens_per_update", ".0f"), ("1st upd s", "first_update_s", ".1f"),
+         ("ms/update", "ms_per_update", ".0f"),
          ("min-max ms", lambda r: f"{r['ms_min']:.0f}-{r['ms_max']:.0f}" if common.ok(r) else None, ""),
          ("tgt tok/s", "tokens_per_s", ".0f"), ("speed x", "speed_ratio", ".2f"), ("time x", "time_ratio", ".2f"),
+         ("x variant", "variant_speed_ratio", ".2f"),
          ("cpu ms", "cpu_ms_per_update", ".0f"), ("cpu x", "cpu_time_ratio", ".2f"), ("status", "status", "")]
 
 
@@ -147,7 +166,8 @@ def section(s: Settings, device: torch.device, out: Path, log=print) -> tuple[di
     common.print_table(f"{'; '.join(data) or '-'}{'' if same else ' (WARNING: not the same batches)'}; x: over "
                        f"{BASELINE}'s, this run, {threads} threads", rows, TABLE)
     if any(map(common.ok, rows)):
-        bar_panels({f"{device}, {threads} threads": [(r["model"], r["tokens_per_s"], "FAILED" if not common.ok(r) else
+        label = (lambda r: r["model"]) if len(s.variants) == 1 else (lambda r: f"{r['model']}\n{r['variant']}")
+        bar_panels({f"{device}, {threads} threads": [(label(r), r["tokens_per_s"], "FAILED" if not common.ok(r) else
                     f"{r['tokens_per_s']:.0f}\n{r['ms_per_update']:.0f} ms\n{common.cell(r['speed_ratio'], '.2f')}x",
                     r["model"] == BASELINE) for r in rows]}, "target tokens / s (training updates)",
                    out / "training.png", "training updates, " + ", ".join(data))

@@ -44,8 +44,13 @@ class HeadConvolution(nn.Module):
         return dropout(w, p=self.weight_dropout, training=self.training)
 
     def forward(self, x: Tensor, padding_l: int) -> Tensor:
-        w = self.taps(x)
-        kernel = triton_function(self.kernel_backend, x, *self.triton_op)
-        y = banded_conv(x, w, padding_l) if kernel is None else kernel(x, w, padding_l)
+        y = self.convolve(x, self.taps(x), padding_l)
         bias = self.output_bias()
         return y if bias is None else y + bias
+
+    @torch.compiler.disable
+    def convolve(self, x: Tensor, w: Tensor, padding_l: int) -> Tensor:
+        """The Triton op or the PyTorch core, opaque to torch.compile: both are already one fused call, and tracing
+        them would break on the op lookup (an import) and on the core's strided in-place band writes."""
+        kernel = triton_function(self.kernel_backend, x, *self.triton_op)
+        return banded_conv(x, w, padding_l) if kernel is None else kernel(x, w, padding_l)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from seqmix.compile import compile_for_training, enabled
 from seqmix.errors import SeqmixError
 
 
@@ -58,6 +59,8 @@ class SeqmixTask(L.LightningModule, ABC):
 
     #: updates between host reads of the non-finite-loss flag (see ``watch_finite``); None: 1 on CPU, 50 elsewhere
     finite_check_interval: int | None = None
+    #: the run config's top-level ``compile`` (true | false | auto; set by ``seqmix.tasks.factory.build_task``)
+    compile_training: bool | str = False
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  run_config: dict | None = None) -> None:
@@ -70,6 +73,7 @@ class SeqmixTask(L.LightningModule, ABC):
         self._eval_outputs: list = []
         self._last_step_time: float | None = None
         self._first_nonfinite: Tensor | None = None  # step of the first non-finite loss (-1: none), on the device
+        self._compiled: dict[str, Callable] = {}  # a plain dict: nothing compiled is registered as a submodule
         self.reports: dict[str, Report] = {}
         self.test_split = "test"
         self.reference_source = None  # what corpus_report reads references from (default: the trainer's data)
@@ -89,6 +93,16 @@ class SeqmixTask(L.LightningModule, ABC):
     @abstractmethod
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Summed (training loss, NLL) over the batch's scored tokens, and their count."""
+
+    def compiled(self, name: str, fn: Callable) -> Callable:
+        """``fn`` as this update should run it: compiled (once per ``name``, ``seqmix.compile``) while
+        ``compile_training`` is on for this device, the model trains and autograd records; ``fn`` itself otherwise,
+        so validation, beam search and generate.py run the eager model."""
+        if not (self.training and torch.is_grad_enabled() and enabled(self.compile_training, self.device.type)):
+            return fn
+        if name not in self._compiled:
+            self._compiled[name] = compile_for_training(fn)
+        return self._compiled[name]
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, nll, ntokens = self.compute_loss(batch)

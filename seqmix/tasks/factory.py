@@ -6,6 +6,8 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from seqmix.compile import check_setting
+
 
 def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
     """An encoder-decoder model preset (``conf/model``) for the given vocabularies."""
@@ -24,9 +26,12 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
     if model is None:
         model = cls.build_model(cfg, tokenizer.vocab_size, tokenizer.pad)
     factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
-    return factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
+    task = factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
                    scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
                    run_config=to_container(cfg), **cls.options_from_config(cfg))
+    # every task has it (SeqmixTask), so it is set here rather than through each task's constructor
+    task.compile_training = check_setting(cfg.get("compile", False))
+    return task
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -52,14 +52,18 @@ class TranslationTask(SeqmixTask):
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Summed label-smoothed loss and nll, and the target token count. With ``fused_loss`` and a model that
         exposes ``decode_features`` and ``output_weight``, the (tokens x vocabulary) logits are never built."""
-        model = self.model
+        model, inputs = self.model, (batch["src_tokens"], batch["prev_output_tokens"])
         if self.fused_loss and hasattr(model, "decode_features") and hasattr(model, "output_weight"):
-            features = model.decode_features(batch["prev_output_tokens"], model.encode(batch["src_tokens"]))
+            features = self.compiled("features", self.decoder_features)(*inputs)
             return projected_label_smoothed_loss(features, model.output_weight(), batch["target"],
                                                  self.label_smoothing, self.tokenizer.pad, ntokens=batch.get("ntokens"))
-        logits = model(batch["src_tokens"], batch["prev_output_tokens"])
+        logits = self.compiled("logits", model.forward)(*inputs)
         return label_smoothed_nll_loss(logits, batch["target"], self.label_smoothing, self.tokenizer.pad,
                                        ntokens=batch.get("ntokens"))
+
+    def decoder_features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """The model's decoder output before the output projection (what ``compile`` compiles with the fused loss)."""
+        return self.model.decode_features(prev_output_tokens, self.model.encode(src_tokens))
 
     # --- decoding ------------------------------------------------------------------------------
     def beam_search(self, **overrides) -> BeamSearch:
