@@ -43,6 +43,15 @@ def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
     lprobs[rows, grams[rows, where, -1]] = -math.inf
 
 
+def beam_encoder_out(model, encoder_out, k: int):
+    """The encoder output for ``k`` consecutive decoder rows per source: shared by the rows when the model can
+    (``model.for_beams``), else ``k`` copies of each source row."""
+    if hasattr(model, "for_beams"):
+        return model.for_beams(encoder_out, k)
+    rows = torch.arange(encoder_out.out.size(0), device=encoder_out.out.device).repeat_interleave(k)
+    return encoder_out.index_select(rows)
+
+
 @dataclass
 class _Beams:
     """A batch's search state: ``k`` live rows per sentence (row ``b * k + j``) and its finished hypotheses."""
@@ -54,7 +63,7 @@ class _Beams:
     rows_min: Tensor  # (B * k,): each row's minimum and maximum length
     rows_max: Tensor
     max_len: Tensor  # (B,)
-    finalized: list[list[Hypothesis]]
+    finalized: list[list[Hypothesis]]  # of each live sentence (finished sentences leave the batch)
 
 
 class BeamSearch:
@@ -80,12 +89,12 @@ class BeamSearch:
     @torch.no_grad()
     def generate(self, model, src_tokens: Tensor) -> list[list[Hypothesis]]:
         """Best-first hypotheses for each source row."""
-        bsz, k = src_tokens.size(0), self.options.beam_size
+        k = self.options.beam_size
         beams = self._start(src_tokens)
         steps = int(beams.max_len.max())
-        encoder_out = model.encode(src_tokens)
-        encoder_out = encoder_out.index_select(torch.arange(bsz, device=src_tokens.device).repeat_interleave(k))
+        encoder_out = beam_encoder_out(model, model.encode(src_tokens), k)
         state = model.init_decoder_state(encoder_out) if self.incremental else None
+        results = beams.finalized
         for step in range(steps + 1):
             lprobs = self._next_lprobs(model, beams, encoder_out, state, step)
             top_scores, top_tok, top_rows = self._candidates(beams, lprobs)
@@ -95,9 +104,27 @@ class BeamSearch:
             rows = self._keep_live(beams, top_scores, top_tok, top_rows, step)
             if bool(beams.done.all()):
                 break
-            if state is not None:
+            kept = self._drop_finished(beams)
+            if kept is not None:
+                rows = rows[kept[1]]
+                encoder_out = encoder_out.index_select(kept[1] if getattr(encoder_out, "group", 1) == 1 else kept[0])
+            if state is not None and (k > 1 or kept is not None):  # one row per sentence: rows is the identity
                 state.reorder(rows)
-        return [sorted(f, key=lambda h: -h.score)[:k] for f in beams.finalized]
+        return [sorted(f, key=lambda h: -h.score)[:k] for f in results]
+
+    def _drop_finished(self, beams: _Beams) -> tuple[Tensor, Tensor] | None:
+        """Take the sentences that stopped out of the search, so that their rows cost no more decoder steps.
+        Returns the kept sentences and rows (old numbering), or None when every sentence is live."""
+        if not bool(beams.done.any()):
+            return None
+        keep = (~beams.done).nonzero().flatten()
+        k = self.options.beam_size
+        rows = (keep.unsqueeze(1) * k + torch.arange(k, device=keep.device)).flatten()
+        beams.tokens, beams.pos_scores = beams.tokens[rows], beams.pos_scores[rows]
+        beams.rows_min, beams.rows_max = beams.rows_min[rows], beams.rows_max[rows]
+        beams.cum, beams.done, beams.max_len = beams.cum[keep], beams.done[keep], beams.max_len[keep]
+        beams.finalized = [beams.finalized[i] for i in keep.tolist()]  # the same lists: results fill in place
+        return keep, rows
 
     def _start(self, src_tokens: Tensor) -> _Beams:
         """Every row holds bos; at step 0 the k rows of a sentence are the same prefix, so only one is live."""

@@ -105,6 +105,18 @@ class ProjectedConvMixer(TokenMixer):
         return y
 
 
+@dataclass
+class RingState(MixerState):
+    """A head conv's last K inputs as a ring (B, H, K, C / H) in the taps' dtype: input i sits in slot i % K
+    (zeros before the sequence starts), so a step writes one slot instead of shifting the window."""
+
+    ring: Tensor | None = None
+    step: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        self.ring = index_select_batch(self.ring, index)
+
+
 class HeadConvMixer(ProjectedConvMixer):
     """The block's mixer around a :class:`~seqmix.mixers.head_conv.HeadConvolution` (``conv_cls``)."""
 
@@ -120,5 +132,28 @@ class HeadConvMixer(ProjectedConvMixer):
         self.conv = self.conv_cls(self.conv_dim, self.kernel_size, num_heads, weight_softmax, weight_dropout,
                                   bias, kernel_backend)
 
+    state_class = RingState
+
     def core(self, x: Tensor) -> Tensor:
         return self.conv(x, self.padding_l)
+
+    def step(self, x: Tensor, state: RingState) -> Tensor:
+        """New step(s), one matrix-vector product per head each: the taps of the new input only (a DynamicConv
+        predicts them from that input alone), rotated to the ring's order, against the ring."""
+        bsz, n, channels = x.shape
+        conv, k = self.conv, self.kernel_size
+        taps = conv.taps(x)  # (H, K) or (B, n, H, K)
+        if state.ring is None:
+            state.ring = taps.new_zeros(bsz, conv.num_heads, k, channels // conv.num_heads)
+        outs = []
+        for j in range(n):
+            slot = state.step % k
+            state.ring[:, :, slot] = x[:, j].view(bsz, conv.num_heads, -1)
+            w = taps if taps.dim() == 2 else taps[:, j]
+            # time-ordered window position p (oldest first) lives in slot (slot + 1 + p) % K
+            w = w.roll(slot + 1, dims=-1).unsqueeze(-2)  # (H, 1, K) or (B, H, 1, K)
+            outs.append(torch.matmul(w, state.ring).view(bsz, 1, channels))
+            state.step += 1
+        y = (outs[0] if n == 1 else torch.cat(outs, dim=1)).to(x.dtype)
+        bias = conv.output_bias()
+        return y if bias is None else y + bias

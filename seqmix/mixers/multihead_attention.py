@@ -55,7 +55,7 @@ class MultiheadAttention(nn.Module):
         t, s = q.size(2), k.size(2)
         mask = None
         is_causal = False
-        if causal_offset is not None:
+        if causal_offset is not None and not (t == 1 and causal_offset == s - 1):  # a last single query sees all
             if key_padding_mask is None and causal_offset == 0 and t == s:
                 is_causal = True
             else:

@@ -7,29 +7,53 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seqmix.mixers.base import MixerState, TokenMixer, check_incremental_call, index_select_batch
+from seqmix.mixers.base import MixerState, TokenMixer, check_incremental_call
 from seqmix.mixers.multihead_attention import MultiheadAttention
 
 
 @dataclass
 class KeyValueCache(MixerState):
-    """Projected keys/values of every step decoded so far: (B, H, t, head_dim)."""
+    """Projected keys/values of every step decoded so far, time-major in one buffer (capacity, 2, B, C) that
+    grows by doubling: a step writes its keys/values in place instead of concatenating the whole cache, and a
+    beam reorder gathers the filled part into a spare buffer in one copy (time-major rows are long and
+    contiguous, about twice as fast to gather on CPU as (B, H, t, d))."""
 
-    k: Tensor | None = None
-    v: Tensor | None = None
+    buffer: Tensor | None = None
+    length: int = 0
+    spare: Tensor | None = None
 
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+    def append(self, k: Tensor, v: Tensor, num_heads: int) -> tuple[Tensor, Tensor]:
+        """k, v: (B, n, C) new steps. Returns every step's keys and values as (B, H, t, C / H) views."""
+        bsz, n, channels = k.shape
+        end = self.length + n
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):  # autograd: no in-place writes
+            new = torch.stack([k, v]).permute(2, 0, 1, 3)
+            self.buffer = new if self.buffer is None else torch.cat([self.buffer[: self.length], new])
+            self.spare = None
+        elif self.buffer is None or end > self.buffer.size(0):
+            grown = k.new_empty(max(16, 2 * end), 2, bsz, channels)
+            if self.buffer is not None:
+                grown[: self.length].copy_(self.buffer[: self.length])
+            self.buffer, self.spare = grown, None
+        if not self.buffer.requires_grad:
+            self.buffer[self.length: end, 0] = k.transpose(0, 1)
+            self.buffer[self.length: end, 1] = v.transpose(0, 1)
+        self.length = end
+        kv = self.buffer[:end].view(end, 2, bsz, num_heads, channels // num_heads).permute(1, 2, 3, 0, 4)
+        return kv[0], kv[1]
 
     def reorder(self, index: Tensor) -> None:
-        self.k = index_select_batch(self.k, index)
-        self.v = index_select_batch(self.v, index)
+        if self.buffer is None:
+            return
+        index = index.to(self.buffer.device)
+        cap, _, bsz, channels = self.buffer.shape
+        if self.buffer.requires_grad:
+            self.buffer = self.buffer[: self.length].index_select(2, index)
+            return
+        if self.spare is None or self.spare.size(2) != index.numel():
+            self.spare = self.buffer.new_empty(cap, 2, index.numel(), channels)
+        torch.index_select(self.buffer[: self.length], 2, index, out=self.spare[: self.length])
+        self.buffer, self.spare = self.spare, self.buffer if bsz == index.numel() else None
 
 
 class SelfAttention(TokenMixer):
@@ -51,10 +75,9 @@ class SelfAttention(TokenMixer):
         check_incremental_call(self, x, state)
         attn = self.attn
         q = attn.split_heads(attn.q_proj(x))
-        k, v = attn.project_kv(x, x)
-        offset = 0
-        if state is not None:
-            offset = state.length
-            k, v = state.append(k, v)
-            key_padding_mask = None  # decoding prefixes carry no padding
-        return attn.attend(q, k, v, key_padding_mask, causal_offset=offset if self.causal else None)
+        if state is None:
+            k, v = attn.project_kv(x, x)
+            return attn.attend(q, k, v, key_padding_mask, causal_offset=0 if self.causal else None)
+        offset = state.length
+        k, v = state.append(attn.k_proj(x), attn.v_proj(x), attn.num_heads)
+        return attn.attend(q, k, v, None, causal_offset=offset)  # decoding prefixes carry no padding

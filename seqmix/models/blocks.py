@@ -54,16 +54,23 @@ class Residual(nn.Module):
 
 @dataclass
 class BlockState(MixerState):
-    """One decoder block's cache: its mixer's state and the cross-attention keys/values of the source."""
+    """One decoder block's cache: its mixer's state and the cross-attention keys/values of the source, one
+    row per source that serves ``group`` consecutive decoder rows (beam search's hypotheses of a sentence)."""
 
     mixer: MixerState
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    group: int = 1
 
     def reorder(self, index: Tensor) -> None:
+        """Keep decoder rows ``index``. Grouped: a reorder that keeps the row count must keep every row in its
+        sentence's group (beam search's do), so the sources stay; one that drops rows keeps whole groups."""
         self.mixer.reorder(index)
-        self.cross_k = index_select_batch(self.cross_k, index)
-        self.cross_v = index_select_batch(self.cross_v, index)
+        if self.cross_k is None or (self.group > 1 and index.numel() == self.cross_k.size(0) * self.group):
+            return
+        sources = index if self.group == 1 else index.view(-1, self.group)[:, 0].div(self.group, rounding_mode="floor")
+        self.cross_k = index_select_batch(self.cross_k, sources)
+        self.cross_v = index_select_batch(self.cross_v, sources)
 
 
 class Block(nn.Module):
@@ -105,5 +112,8 @@ class Block(nn.Module):
             k, v = attn.project_kv(encoder_out, encoder_out)
             if state is not None:  # the source never changes while decoding: project it once
                 state.cross_k, state.cross_v = k, v
-        q = attn.split_heads(attn.q_proj(h))
-        return attn.attend(q, k, v, encoder_padding_mask)
+        rows, t, channels = h.shape
+        group = 1 if state is None else state.group
+        # the group's queries side by side: one (group * T) x S attention per source instead of group copies
+        q = attn.split_heads(attn.q_proj(h).view(rows // group, group * t, channels))
+        return attn.attend(q, k, v, encoder_padding_mask).view(rows, t, channels)
