@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.dropout import dropout
 from seqmix.mixers.base import (
     MixerState,
     TokenMixer,
@@ -83,7 +84,7 @@ class ProjectedConvMixer(TokenMixer):
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None) -> Tensor:
         check_incremental_call(self, x, state)
-        x = F.dropout(x, p=self.input_dropout, training=self.training)
+        x = dropout(x, p=self.input_dropout, training=self.training)
         x = self.linear1(x)
         if self.glu:
             x = F.glu(x, dim=-1)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmix.dropout import dropout
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.base import MixerState, index_select_batch
 from seqmix.mixers.conv_block import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
@@ -96,7 +97,7 @@ class TaLK(ProjectedConvMixer):
     def offsets(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Relative left/right extents σ ∈ [0, 1] per (b, t, head), then dropout (scaled by 1/(1−p))."""
         sigma = torch.sigmoid(self.offset_proj(x).to(_compute_dtype(x)))
-        sigma = F.dropout(sigma, p=self.offset_dropout, training=self.training)
+        sigma = dropout(sigma, p=self.offset_dropout, training=self.training)
         if self.causal:
             return sigma, None
         return sigma[..., : self.num_heads], sigma[..., self.num_heads:]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.dropout import Dropout
 from seqmix.mixers.base import MixerState, TokenMixer, index_select_batch
 from seqmix.mixers.multihead_attention import MultiheadAttention
 
@@ -28,7 +29,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.activation = activation_fn(activation)
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
@@ -43,7 +44,7 @@ class Residual(nn.Module):
     def __init__(self, embed_dim: int, dropout: float, normalize_before: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(embed_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.normalize_before = normalize_before
 
     def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
