@@ -103,6 +103,11 @@ class SharedTapsConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy: Tensor):
+        with torch.autocast(gy.device.type, enabled=False):  # a backward called under autocast stays fp32 too
+            return SharedTapsConv.gradients(ctx, gy)
+
+    @staticmethod
+    def gradients(ctx, gy: Tensor):
         x, w = ctx.saved_tensors
         heads, k = w.shape
         gy = gy.contiguous()
@@ -136,6 +141,11 @@ class PositionTapsConv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy: Tensor):
+        with torch.autocast(gy.device.type, enabled=False):
+            return PositionTapsConv.gradients(ctx, gy)
+
+    @staticmethod
+    def gradients(ctx, gy: Tensor):
         x_flat, bands = ctx.saved_tensors
         grid, front = ctx.grid, ctx.padding_l
         gy_flat = grid.pad(gy, 0)
@@ -172,7 +182,7 @@ def _fold_windows(grid: _Chunks, windows_grad: Tensor) -> Tensor:
 def banded_conv(x: Tensor, weight: Tensor, padding_l: int) -> Tensor:
     """x: (B, T, C); weight: (H, K) shared over batch and time, or (B, T, H, K) per position.
 
-    Computes in fp32 (or float64) whatever the input dtype, and returns x's dtype.
+    Computes in fp32 (or float64) whatever the input dtype and autocast say, and returns x's dtype.
     """
     out_dtype = x.dtype
     compute = torch.promote_types(torch.promote_types(x.dtype, weight.dtype), torch.float32)
@@ -183,4 +193,5 @@ def banded_conv(x: Tensor, weight: Tensor, padding_l: int) -> Tensor:
     if not 0 <= padding_l < k:
         raise ValueError(f"padding_l={padding_l} must be in [0, {k - 1}] for kernel size {k}")
     op = SharedTapsConv if weight.dim() == 2 else PositionTapsConv
-    return op.apply(x, weight.contiguous(), padding_l).to(out_dtype)
+    with torch.autocast(x.device.type, enabled=False):  # else conv2d/bmm would run in bf16 under bf16-mixed
+        return op.apply(x, weight.contiguous(), padding_l).to(out_dtype)

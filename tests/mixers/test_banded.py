@@ -72,6 +72,20 @@ def test_low_precision_input_is_computed_in_fp32_and_returned_in_its_dtype():
     torch.testing.assert_close(y.double(), loop_reference(x.float(), w, 4), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("per_position", [False, True], ids=["shared", "per_position"])
+def test_autocast_bf16_still_computes_in_fp32(per_position):
+    """trainer.precision=bf16-mixed: autocast must not turn the core's conv2d/bmm into bf16 (nor break backward)."""
+    g = torch.Generator().manual_seed(5)
+    x, gy = torch.randn(2, 40, 16, generator=g), torch.randn(2, 40, 16, generator=g)
+    w = torch.softmax(torch.randn(*((2, 40) if per_position else ()), 4, 9, generator=g), dim=-1)
+    want = grads(banded_conv, x, w, gy, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = grads(banded_conv, x, w, gy, 8)
+    for a, e in zip(got, want):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
 def test_chunk_size_does_not_change_the_result(monkeypatch):
     """Windows that reach one, two or more chunks ahead (K−1 vs L) give the same numbers."""
     g = torch.Generator().manual_seed(3)
