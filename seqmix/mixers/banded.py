@@ -45,32 +45,34 @@ class _Chunks:
         self.width = chunk + k - 1
         self.padded_len = (-(-self.length // chunk) + -(-(k - 1) // chunk)) * chunk
         self.count = self.bsz * self.padded_len // chunk
+        self.rows = self.bsz * self.padded_len * self.channels  # elements of the (B, Tp, C) part of a flat buffer
 
     def pad(self, x: Tensor, front: int) -> Tensor:
         """Flat buffer: (B, Tp, C) holding ``x`` from step ``front``, zeros elsewhere, plus K−1 zero rows at the end
         (the last windows' halo)."""
-        rows = self.bsz * self.padded_len * self.channels
-        flat = x.new_empty(rows + (self.k - 1) * self.channels)
-        padded = flat[:rows].view(self.bsz, self.padded_len, self.channels)
+        flat = x.new_empty(self.rows + (self.k - 1) * self.channels)
+        padded = flat[:self.rows].view(self.bsz, self.padded_len, self.channels)
         padded[:, :front].zero_()
         padded[:, front + self.length:].zero_()
-        flat[rows:].zero_()
+        flat[self.rows:].zero_()
         padded[:, front:front + self.length].copy_(x)
         return flat
 
-    def chunks(self, flat: Tensor, head: int) -> Tensor:
-        """(N, L, G) view: chunk n's L steps of one head's channels."""
+    def steps_from_chunks(self, flat: Tensor, head: int, steps: int) -> Tensor:
+        """(N, steps, G) view: ``steps`` steps of one head's channels from the start of each chunk n."""
         c, g = self.channels, self.group
-        return flat.as_strided((self.count, self.chunk, g), (self.chunk * c, c, 1), flat.storage_offset() + head * g)
+        return flat.as_strided((self.count, steps, g), (self.chunk * c, c, 1), flat.storage_offset() + head * g)
+
+    def chunks(self, flat: Tensor, head: int) -> Tensor:
+        """(N, L, G): chunk n's L steps."""
+        return self.steps_from_chunks(flat, head, self.chunk)
 
     def windows(self, flat: Tensor, head: int) -> Tensor:
-        """(N, L+K−1, G) view: chunk n's window (overlapping the next chunk by K−1 steps)."""
-        c, g = self.channels, self.group
-        return flat.as_strided((self.count, self.width, g), (self.chunk * c, c, 1), flat.storage_offset() + head * g)
+        """(N, L+K−1, G): chunk n's window (overlapping the next chunk by K−1 steps)."""
+        return self.steps_from_chunks(flat, head, self.width)
 
     def unpad(self, flat: Tensor, front: int) -> Tensor:
-        rows = self.bsz * self.padded_len * self.channels
-        return flat[:rows].view(self.bsz, self.padded_len, self.channels)[:, front:front + self.length]
+        return flat[:self.rows].view(self.bsz, self.padded_len, self.channels)[:, front:front + self.length]
 
     def tap_products(self, gy_flat: Tensor, x_flat: Tensor, head: int, out: Tensor | None = None) -> Tensor:
         """(N, L, K): Σ_g gy[n, l, g] · x_window[n, l + k, g], the per-position tap gradient of one head."""
