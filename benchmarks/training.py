@@ -24,7 +24,8 @@ BASELINE = "transformer_small"
 RECIPES = (BASELINE, "lightconv_small", "dynamicconv_small", "talk_small", "convs2s_small", "disco_small", "cmlm_small")
 FIELDS = ("model variant experiment parameters data max_tokens accumulate updates sentences_per_update "
           "tgt_tokens_per_update first_update_s ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio "
-          "variant_speed_ratio cpu_ms_per_update cpu_time_ratio final_loss batch_digest status")
+          "variant_speed_ratio cpu_ms_per_update cpu_time_ratio flops_per_tgt_token gflops_per_s matmul_gflops_per_s matmul_fraction final_loss "
+          "batch_digest status")
 
 
 @dataclass
@@ -105,6 +106,7 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
                     num_sanity_val_steps=0, logger=False, callbacks=[timer], enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=root).fit(task, datamodule=dm)
     wall, cpu, tokens, sentences = zip(*timer.updates[s.warmup:])
+    flops_per_token = update_flops_per_target_token(task, dm, device)
     return common.new_row(
         FIELDS, model=str(cfg.model.name), experiment=experiment_of(model), parameters=count_parameters(task.model),
         first_update_s=timer.updates[0][0],  # with compile=true: the first compile too (steady time excludes it)
@@ -112,8 +114,39 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
         updates=len(wall), sentences_per_update=statistics.fmean(sentences), tgt_tokens_per_update=statistics.fmean(tokens),
         ms_per_update=1000 * statistics.median(wall), ms_min=1000 * min(wall), ms_max=1000 * max(wall),
         tokens_per_s=statistics.median(n / t for n, t in zip(tokens, wall)), final_loss=timer.loss,
+        flops_per_tgt_token=flops_per_token,
+        gflops_per_s=flops_per_token * statistics.median(n / t for n, t in zip(tokens, wall)) / 1e9,
         cpu_ms_per_update=1000 * statistics.median(cpu) if device.type == "cpu" else None,
         batch_digest=timer.digest.hexdigest()[:12], status="ok")
+
+
+def update_flops_per_target_token(task, dm, device: torch.device) -> float:
+    """Floating-point operations of one eager training update (forward + backward; torch's FlopCounterMode, which
+    counts matmuls, convolutions and attention) on the first training batch, per target token: the arithmetic the
+    timed updates do, whatever precision or compilation ran them."""
+    from lightning.pytorch.utilities import move_data_to_device
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+    cpu_attention = {  # CPU's fused attention, which the counter does not know
+        aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *_, out_shape=None, **__: flop_counter.sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda g, q, k, v, *_, out_shape=None, **__: flop_counter.sdpa_backward_flop_count(g, q, k, v)}
+    batch = move_data_to_device(next(iter(dm.train_dataloader())), device)
+    task.compile_training = False
+    task.train()
+    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_attention)
+    with counter:
+        task.compute_loss(batch)[0].backward()
+    task.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / max(int(batch["ntokens"]), 1)
+
+
+def matmul_gflops(device: torch.device, n: int = 1024) -> float:
+    """This machine's fp32 (n x n) @ (n x n) rate in this run: the roof an update's arithmetic is compared with."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n ** 3 / (statistics.median(common.time_ms(lambda: a @ b, 10, 3, device)) / 1e3) / 1e9
 
 
 def run(s: Settings, device: torch.device, log=print) -> list[dict]:
@@ -132,6 +165,10 @@ def run(s: Settings, device: torch.device, log=print) -> list[dict]:
                       time_ratio="ms_per_update", cpu_time_ratio="cpu_ms_per_update")
     common.add_ratios(rows, lambda r: r["experiment"], lambda r: r["variant"] == first,
                       variant_speed_ratio="tokens_per_s")
+    roof = matmul_gflops(device)
+    for row in rows:
+        row["matmul_gflops_per_s"], row["matmul_fraction"] = roof, row["gflops_per_s"] / roof if common.ok(row) else None
+    log(f"  fp32 1024x1024 matmul: {roof:.0f} GFLOP/s (matmul x: an update's GFLOP/s over it)")
     return rows
 
 
@@ -156,7 +193,9 @@ TABLE = [("model", "model", ""), ("variant", "variant", ""), ("params", lambda r
          ("min-max ms", lambda r: f"{r['ms_min']:.0f}-{r['ms_max']:.0f}" if common.ok(r) else None, ""),
          ("tgt tok/s", "tokens_per_s", ".0f"), ("speed x", "speed_ratio", ".2f"), ("time x", "time_ratio", ".2f"),
          ("x variant", "variant_speed_ratio", ".2f"),
-         ("cpu ms", "cpu_ms_per_update", ".0f"), ("cpu x", "cpu_time_ratio", ".2f"), ("status", "status", "")]
+         ("cpu ms", "cpu_ms_per_update", ".0f"), ("cpu x", "cpu_time_ratio", ".2f"),
+         ("MFLOP/tok", lambda r: r["flops_per_tgt_token"] and r["flops_per_tgt_token"] / 1e6, ".1f"),
+         ("GFLOP/s", "gflops_per_s", ".0f"), ("matmul x", "matmul_fraction", ".2f"), ("status", "status", "")]
 
 
 def section(s: Settings, device: torch.device, out: Path, log=print) -> tuple[dict, list[str]]:

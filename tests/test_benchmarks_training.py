@@ -46,10 +46,15 @@ def test_rows_per_recipe_with_ratios_against_the_transformer(multi30k_dir, tmp_p
         assert r["speed_ratio"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
         assert r["time_ratio"] == pytest.approx(r["ms_per_update"] / base["ms_per_update"])
         assert r["cpu_time_ratio"] == pytest.approx(r["cpu_ms_per_update"] / base["cpu_ms_per_update"])
+        assert r["gflops_per_s"] == pytest.approx(r["flops_per_tgt_token"] * r["tokens_per_s"] / 1e9)
+        assert r["matmul_fraction"] == pytest.approx(r["gflops_per_s"] / r["matmul_gflops_per_s"])
         cfg = training.compose_recipe(r["model"])
         with torch.device("meta"):
             assert r["parameters"] == count_parameters(task_class(cfg).build_model(cfg, 8000, 1))  # the recipe's size
     assert nope["tokens_per_s"] is None and nope["speed_ratio"] is None and "multi30k_nope_cpu" in nope["status"]
+    assert nope["matmul_fraction"] is None
+    vocab_dim = 8000 * training.compose_recipe("transformer_small").model.embed_dim
+    assert base["flops_per_tgt_token"] > 6 * vocab_dim  # the output projection's forward and backward alone
     for name in ("training.csv", "training.png"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -78,3 +83,31 @@ def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
     assert rows[0]["status"] == "ok" and rows[0]["speed_ratio"] == 1.0
     assert rows[1]["status"].startswith("FAILED: training loss became non-finite")  # the task's own guard refused it
     assert rows[1]["ms_per_update"] is None and rows[1]["speed_ratio"] is None
+
+
+class _AttentionTask(torch.nn.Module):
+    """A stand-in task: one linear layer, then CPU attention over its output (counted by a custom mapping)."""
+
+    compile_training = True
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 16, bias=False)
+
+    def compute_loss(self, batch):
+        h = self.proj(batch["x"]).view(2, 2, 5, 8)  # (B, H, T, head dim)
+        out = torch.nn.functional.scaled_dot_product_attention(h, h, h)
+        return out.square().sum(), None, int(batch["ntokens"])
+
+
+def test_update_flops_count_matmuls_forward_and_backward_and_cpu_attention():
+    class Data:
+        def train_dataloader(self):
+            return [{"x": torch.randn(10, 8), "ntokens": torch.tensor(4)}]
+
+    task = _AttentionTask()
+    per_token = training.update_flops_per_target_token(task, Data(), CPU)
+    linear = 2 * (2 * 10 * 8 * 16)  # forward and weight gradient (the input needs none)
+    attention = (2 + 5) * (2 * (2 * 2) * 5 * 5 * 8)  # 2 (B*H, T, T|D) products forward, 5 backward; 2*B*H*T*T*D each
+    assert per_token * 4 == linear + attention
+    assert task.compile_training is False and task.proj.weight.grad is None  # eager count, nothing left behind
