@@ -162,6 +162,11 @@ class BeamSearch:
     def _candidates(self, beams: _Beams, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The best 2k extensions of each sentence: (B, 2k) cumulative scores, tokens and parent rows."""
         bsz, k = beams.cum.shape
+        if k == 1 and not self.options.stepwise_len_penalty:
+            # greedy: a sentence whose best token is eos ends, so the runner-up the 2k candidates hold for beams
+            # would never be used; the best token alone, cum added after the (B, V) reduction, not before
+            top_scores, top_tok = lprobs.max(1, keepdim=True)
+            return top_scores + beams.cum, top_tok, torch.arange(bsz, device=lprobs.device).unsqueeze(1)
         vocab = lprobs.size(1)
         cand = (beams.cum.view(-1, 1) + lprobs).view(bsz, k * vocab)
         top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
