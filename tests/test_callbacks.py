@@ -1,6 +1,8 @@
-"""last.ckpt follows training epoch by epoch, not only when the best score improves."""
+"""last.ckpt follows training epoch by epoch, not only when the best score improves; epoch checkpoints every epoch."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -50,3 +52,22 @@ def test_last_checkpoint_is_the_latest_epoch_with_its_validation_seen(tmp_path, 
     state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
     assert state["best_model_score"].item() == pytest.approx(0.5)
     assert (tmp_path / "interrupted.ckpt").is_file()
+
+
+class Trains(Dies):
+    def __init__(self) -> None:
+        super().__init__([1.0] * 10)
+
+
+def test_epoch_checkpoints_are_written_every_epoch_not_only_when_validating(tmp_path):
+    """conf/callbacks' epoch checkpoints (for average_last) with validation every 3rd epoch, as the CPU recipes do."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "callbacks" / "default.yaml")
+    epochs = OmegaConf.merge(conf.epoch_checkpoints, {"dirpath": str(tmp_path), "save_top_k": 3})
+    trainer = L.Trainer(max_epochs=5, check_val_every_n_epoch=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[instantiate(epochs)])
+    trainer.fit(Trains())
+    assert sorted(p.name for p in tmp_path.glob("epoch*.ckpt")) == [
+        f"epoch{e:03d}-step{(e + 1) * BATCHES}.ckpt" for e in (2, 3, 4)]  # the latest 3 of 5 epochs, 1 validated
