@@ -24,8 +24,8 @@ BASELINE = "transformer_small"
 RECIPES = (BASELINE, "lightconv_small", "dynamicconv_small", "talk_small", "convs2s_small", "disco_small", "cmlm_small")
 FIELDS = ("model variant experiment parameters data max_tokens accumulate updates sentences_per_update "
           "tgt_tokens_per_update first_update_s ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio "
-          "variant_speed_ratio cpu_ms_per_update cpu_time_ratio flops_per_tgt_token gflops_per_s matmul_gflops_per_s matmul_fraction final_loss "
-          "batch_digest status")
+          "variant_speed_ratio cpu_ms_per_update cpu_time_ratio flops_per_tgt_token gflops_per_s matmul_gflops_per_s "
+          "matmul_fraction final_loss batch_digest status")
 
 
 @dataclass
@@ -107,15 +107,15 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=root).fit(task, datamodule=dm)
     wall, cpu, tokens, sentences = zip(*timer.updates[s.warmup:])
     flops_per_token = update_flops_per_target_token(task, dm, device)
+    tokens_per_s = statistics.median(n / t for n, t in zip(tokens, wall))
     return common.new_row(
         FIELDS, model=str(cfg.model.name), experiment=experiment_of(model), parameters=count_parameters(task.model),
         first_update_s=timer.updates[0][0],  # with compile=true: the first compile too (steady time excludes it)
         data=f"multi30k train ({cfg.task.data.source.path})", max_tokens=int(cfg.task.data.max_tokens), accumulate=accum,
         updates=len(wall), sentences_per_update=statistics.fmean(sentences), tgt_tokens_per_update=statistics.fmean(tokens),
         ms_per_update=1000 * statistics.median(wall), ms_min=1000 * min(wall), ms_max=1000 * max(wall),
-        tokens_per_s=statistics.median(n / t for n, t in zip(tokens, wall)), final_loss=timer.loss,
-        flops_per_tgt_token=flops_per_token,
-        gflops_per_s=flops_per_token * statistics.median(n / t for n, t in zip(tokens, wall)) / 1e9,
+        tokens_per_s=tokens_per_s, final_loss=timer.loss, flops_per_tgt_token=flops_per_token,
+        gflops_per_s=flops_per_token * tokens_per_s / 1e9,
         cpu_ms_per_update=1000 * statistics.median(cpu) if device.type == "cpu" else None,
         batch_digest=timer.digest.hexdigest()[:12], status="ok")
 
