@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 # the CUDA build from PyPI on a GPU box. Override with `make install TORCH_VERSION=...`.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+# pytest-xdist workers: two take the suite from 23 to 13 minutes on 2 cores (much of it is single-threaded: the Triton interpreter,
+# subprocess start-up, C++ compiles); each worker runs torch on one thread (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
 export TRITON_DEFAULT_FP_FUSION ?= 1
@@ -21,10 +24,10 @@ install:
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
 test:
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast:
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py

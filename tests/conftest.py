@@ -14,6 +14,10 @@ except Exception:  # pragma: no cover
     _HAS_CUDA = False
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+    # `make test` runs two pytest workers (pytest-xdist): one torch thread each keeps them from fighting over the
+    # cores; the subprocesses a test starts (train.py, benchmarks) keep torch's default.
+    torch.set_num_threads(1)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
