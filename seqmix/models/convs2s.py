@@ -31,6 +31,7 @@ from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
 from seqmix.models.encoder_decoder import EncoderOut
+from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState
 
 EMBED_STD = 0.1  # §3.5: every embedding (tokens and positions) starts at N(0, 0.1)
@@ -112,7 +113,7 @@ class AttentionMemory:
     def from_encoder_out(cls, encoder_out: EncoderOut) -> AttentionMemory:
         z, e, mask = encoder_out.out, encoder_out.embedded, encoder_out.padding_mask
         m = (~mask).sum(dim=1).to(z.dtype).clamp(min=1).view(-1, 1, 1)
-        return cls(z, (z + e) * SQRT_HALF, mask if mask.any() else None, m * torch.rsqrt(m))
+        return cls(z, (z + e) * SQRT_HALF, padding_or_none(mask), m * torch.rsqrt(m))
 
 
 class MultiStepAttention(nn.Module):
@@ -257,7 +258,7 @@ class ConvS2S(nn.Module):
         enc = self.encoder
         padding_mask = src_tokens.eq(self.padding_idx)
         e = enc.embed(src_tokens)
-        mask = padding_mask if padding_mask.any() else None
+        mask = padding_or_none(padding_mask)
         z = zero_padding(enc.run_blocks(enc.fc1(e), key_padding_mask=mask), mask)
         return EncoderOut(scale_gradient(z, self.encoder_grad_scale), padding_mask, e)
 

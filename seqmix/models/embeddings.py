@@ -59,7 +59,10 @@ class PositionalEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         positions = make_positions(tokens, self.padding_idx, offset)
-        if positions.numel() and int(positions.max()) > self.max_positions + self.padding_idx:
+        # positions never exceed offset + length: only a longer tensor needs its largest position read back
+        # (a host sync on GPUs)
+        if offset + tokens.size(-1) > self.max_positions and positions.numel() \
+                and int(positions.max()) > self.max_positions + self.padding_idx:
             raise ValueError(
                 f"sequence of {int(positions.max()) - self.padding_idx} tokens exceeds max positions "
                 f"{self.max_positions}; raise model max_*_positions or shorten the input"

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from seqmix.mixers.base import index_select_batch
 from seqmix.models.embeddings import token_embedding
+from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState, Stack, stack_settings
 
 
@@ -89,7 +90,7 @@ class EncoderDecoder(nn.Module):
         x = enc.embed(src_tokens)
         embedded = x
         x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)
-        mask = padding_mask if padding_mask.any() else None
+        mask = padding_or_none(padding_mask)
         for layer in enc.layers:
             x = layer(x, key_padding_mask=mask)
         return EncoderOut(enc.finish(x), padding_mask, embedded)
@@ -116,7 +117,7 @@ class EncoderDecoder(nn.Module):
         (``seqmix.tasks.fused_loss``)."""
         if state is None:  # a full pass attends per decoder row; a stepping state knows the grouping
             encoder_out = encoder_out.ungrouped()
-        enc_mask = encoder_out.padding_mask if encoder_out.padding_mask.any() else None
+        enc_mask = padding_or_none(encoder_out.padding_mask)
         return self.decoder(prev_output_tokens, state, encoder_out.out, enc_mask)
 
     def output_weight(self) -> Tensor:

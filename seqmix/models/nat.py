@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from seqmix.models.blocks import BlockState
 from seqmix.models.encoder_decoder import EncoderOut
 from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
+from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import Stack, stack_settings
 
 
@@ -75,7 +76,7 @@ class NATModel(nn.Module):
         x = torch.cat([length, x], dim=1)
         mask = torch.cat([padding_mask.new_zeros(x.size(0), 1), padding_mask], dim=1)
         for layer in enc.layers:
-            x = layer(x, key_padding_mask=mask if mask.any() else None)
+            x = layer(x, key_padding_mask=padding_or_none(mask))
         x = enc.finish(x)
         length_logits = F.linear(x[:, 0], self.length_embed.weight)
         no_tokens = torch.zeros_like(length_logits[0], dtype=torch.bool)
@@ -107,7 +108,7 @@ class NATModel(nn.Module):
         return F.linear(x, self.embed_tokens.weight)
 
     def _encoder_mask(self, encoder_out: EncoderOut) -> Tensor | None:
-        return encoder_out.padding_mask if encoder_out.padding_mask.any() else None
+        return padding_or_none(encoder_out.padding_mask)
 
 
 class DisCoTransformer(NATModel):
@@ -160,7 +161,7 @@ class DisCoTransformer(NATModel):
             positions = positions.gather(1, queries.unsqueeze(-1).expand(-1, -1, positions.size(-1)))
             observed = observed.gather(1, queries.unsqueeze(-1).expand(-1, -1, observed.size(-1)))
         x = dec.dropout(positions)
-        kpm = padding_mask if padding_mask.any() else None
+        kpm = padding_or_none(padding_mask)
         enc_mask = self._encoder_mask(encoder_out)
         cached = encoder_out.cross_kv or [(None, None)] * len(dec.layers)
         for layer, (cross_k, cross_v) in zip(dec.layers, cached):

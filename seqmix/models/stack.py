@@ -22,6 +22,7 @@ from seqmix.errors import SeqmixError
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
 from seqmix.models.embeddings import PositionalEmbedding
+from seqmix.models.padding import padding_or_none
 
 _BLOCK_SETTINGS = {"layers", "ffn_dim", "normalize_before", "activation", "activation_dropout"}
 _MIXER_SETTINGS = {"mixer", "pattern", "legend", "heads"}
@@ -138,9 +139,7 @@ class Stack(nn.Module):
         ``tokens`` holds only the new step(s) and positions continue from ``state.step``."""
         offset = 0 if state is None else state.step
         x = self.embed(tokens, offset)
-        padding_mask = tokens.eq(self.padding_idx) if state is None else None
-        if padding_mask is not None and not padding_mask.any():
-            padding_mask = None
+        padding_mask = padding_or_none(tokens.eq(self.padding_idx)) if state is None else None
         for i, layer in enumerate(self.layers):
             x = layer(x, key_padding_mask=padding_mask, encoder_out=encoder_out,
                       encoder_padding_mask=encoder_padding_mask, state=None if state is None else state.blocks[i])

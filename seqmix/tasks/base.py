@@ -113,7 +113,7 @@ class SeqmixTask(L.LightningModule, ABC):
             self.log("train/tokens_per_s", ntokens / max(now - self._last_step_time, 1e-9), on_step=True)
         self._last_step_time = now
         bsz = batch["id"].numel()
-        self.log("train/loss", loss.detach() / denom, on_step=True, on_epoch=True, prog_bar=True, batch_size=bsz)
+        self.log("train/loss", loss.detach() / denom, on_step=True, on_epoch=True, batch_size=bsz)
         self.log("train/nll", nll.detach() / denom, on_step=True, on_epoch=False, batch_size=bsz)
         self.log("train/ppl", torch.exp(nll.detach() / denom), on_step=True, on_epoch=False, batch_size=bsz)
         return loss / denom

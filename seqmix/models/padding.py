@@ -1,0 +1,20 @@
+"""Padding masks dropped when nothing is padded, without a host sync on accelerators."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def reads_freely(device: torch.device) -> bool:
+    """Whether reading a tensor on ``device`` back to the host is free (CPU) rather than a wait for queued work."""
+    return device.type == "cpu"
+
+
+def padding_or_none(mask: Tensor) -> Tensor | None:
+    """``mask`` (True = pad), or None when nothing is padded so attention can take its unmasked path. Deciding that
+    reads the mask back to the host: done on CPU; on other devices the mask is kept (a mask that masks nothing
+    changes no value), so a training update makes no host sync."""
+    if not reads_freely(mask.device):
+        return mask
+    return mask if mask.any() else None
