@@ -252,3 +252,43 @@ def test_cpu_recipes_train_in_bf16_only_where_the_cpu_multiplies_bf16(recipe, ca
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     assert compose_train([f"experiment={recipe}"]).trainer.precision == precision
     assert compose_train([f"experiment={recipe}", "trainer.precision=32-true"]).trainer.precision == "32-true"
+
+
+def test_time_limited_cpu_recipes_validate_the_weights_they_stop_with(tmp_path):
+    """The 45-minute recipes validate every N batches across epochs, and Lightning then also validates when the time
+    limit stops training mid-epoch (with validation every k epochs it does not, and best.ckpt stays older)."""
+    import lightning as L
+
+    class Stop(L.Callback):  # what max_time does (Lightning's Timer), here after update 17
+        def on_train_batch_end(self, trainer, *args):
+            trainer.should_stop = trainer.global_step == 17
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w, self.validated = torch.nn.Parameter(torch.ones(2)), []
+
+        def training_step(self, batch, batch_idx):
+            return (self.w * batch).sum() ** 2
+
+        def validation_step(self, batch, batch_idx):
+            self.validated.append(self.global_step)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def validated(check_val_every_n_epoch, val_check_interval) -> list[int]:
+        model, data = Model(), torch.utils.data.DataLoader(torch.randn(4, 2), batch_size=1)  # 4 batches an epoch
+        trainer = L.Trainer(max_epochs=50, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                            enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Stop()],
+                            default_root_dir=str(tmp_path), check_val_every_n_epoch=check_val_every_n_epoch,
+                            val_check_interval=val_check_interval)
+        trainer.fit(model, data, torch.utils.data.DataLoader(torch.randn(1, 2), batch_size=1))
+        assert trainer.global_step == 17
+        return model.validated
+
+    for recipe in ("multi30k_transformer_cpu", "multi30k_dynamicconv_cpu", "multi30k_convs2s_cpu"):
+        trainer = compose_train([f"experiment={recipe}"]).trainer
+        assert trainer.max_time and trainer.check_val_every_n_epoch is None and trainer.val_check_interval == 350
+    assert validated(None, 6) == [6, 12, 17]  # the recipes' setting, scaled down: the stopping weights validated
+    assert validated(3, None) == [12]  # every 3rd epoch (the old recipes): updates 13-17 never validated
