@@ -17,6 +17,8 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
+from seqmix.host_reads import read_interval
+
 
 class ProgressBar(RichProgressBar):
     def __init__(self, show: Sequence[str] = ("train/loss",), metrics_interval: int | None = None,
@@ -32,12 +34,11 @@ class ProgressBar(RichProgressBar):
         self._read_at: int | None = None
 
     def _interval(self, pl_module: L.LightningModule) -> int:
-        if self.metrics_interval is not None:
-            return self.metrics_interval
-        return 1 if pl_module.device.type == "cpu" else 50
+        return read_interval(self.metrics_interval, pl_module.device)
 
     def _reads_now(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
-        if not trainer.training or self._read_at is None:
+        """During training: at the first batch, an epoch's last batch and every interval-th update."""
+        if self._read_at is None:
             return True
         step = trainer.global_step
         if step == self._read_at:  # read at this update already (gradient accumulation: several batches)

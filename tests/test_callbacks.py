@@ -60,7 +60,7 @@ class Trains(Dies):
 
 
 def test_epoch_checkpoints_are_written_every_epoch_not_only_when_validating(tmp_path):
-    """conf/callbacks' epoch checkpoints (for average_last) with validation every 3rd epoch, as the CPU recipes do."""
+    """conf/callbacks' epoch checkpoints (for average_last) with validation every 3rd epoch: one file per epoch."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 

@@ -53,7 +53,8 @@ def train(bar: ProgressBar, finite_interval: int, tmp_path, monkeypatch, log_eve
             shown.append((trainer_.global_step, bar._shown.get("train/loss")))
 
     batch = {**BATCH, "id": torch.arange(2), "ntokens": 8}
-    trainer = L.Trainer(max_steps=UPDATES, logger=CSVLogger(tmp_path) if log_every < UPDATES else False, enable_checkpointing=False, enable_model_summary=False,
+    logger = CSVLogger(tmp_path) if log_every < UPDATES else False
+    trainer = L.Trainer(max_steps=UPDATES, logger=logger, enable_checkpointing=False, enable_model_summary=False,
                         callbacks=[bar, Recorder()], default_root_dir=str(tmp_path), log_every_n_steps=log_every,
                         limit_val_batches=0, num_sanity_val_steps=0)
     running["trainer"] = trainer

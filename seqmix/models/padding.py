@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-
-def reads_freely(device: torch.device) -> bool:
-    """Whether reading a tensor on ``device`` back to the host is free (CPU) rather than a wait for queued work."""
-    return device.type == "cpu"
+from seqmix.host_reads import reads_freely
 
 
 def padding_or_none(mask: Tensor) -> Tensor | None:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from seqmix.compile import compile_for_training, enabled
 from seqmix.errors import SeqmixError
+from seqmix.host_reads import read_interval
 
 
 def make_scheduler(factory, optimizer, estimated_updates):
@@ -127,7 +128,7 @@ class SeqmixTask(L.LightningModule, ABC):
         first = self._first_nonfinite
         self._first_nonfinite = torch.where(bad, step, -1) if first is None else \
             torch.where(bad & first.lt(0), step, first)
-        interval = self.finite_check_interval or (1 if loss.device.type == "cpu" else 50)
+        interval = read_interval(self.finite_check_interval, loss.device)
         if (self.global_step + 1) % interval == 0:
             self.raise_if_nonfinite()
 
