@@ -22,7 +22,6 @@ from seqmix.errors import SeqmixError
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
 from seqmix.models.embeddings import PositionalEmbedding
-from seqmix.models.padding import padding_or_none
 
 _BLOCK_SETTINGS = {"layers", "ffn_dim", "normalize_before", "activation", "activation_dropout"}
 _MIXER_SETTINGS = {"mixer", "pattern", "legend", "heads"}
@@ -136,12 +135,16 @@ class Stack(nn.Module):
     def forward(self, tokens: Tensor, state: DecoderState | None = None, encoder_out: Tensor | None = None,
                 encoder_padding_mask: Tensor | None = None) -> Tensor:
         """Causal pass of a decoder stack (B, T, C), shared by EncoderDecoder and DecoderOnly. With ``state``,
-        ``tokens`` holds only the new step(s) and positions continue from ``state.step``."""
+        ``tokens`` holds only the new step(s) and positions continue from ``state.step``.
+
+        No padding mask: decoder inputs are right-padded (every collate pads on the right), and a causal mixer's
+        output at a real position reads only earlier positions, all real, so masking would change only the
+        outputs at pads, which no loss reads (fairseq's decoders likewise). Without a mask, attention keeps
+        ``is_causal`` (flash kernels on GPUs) and nothing reads the mask back to the host."""
         offset = 0 if state is None else state.step
         x = self.embed(tokens, offset)
-        padding_mask = padding_or_none(tokens.eq(self.padding_idx)) if state is None else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, key_padding_mask=padding_mask, encoder_out=encoder_out,
+            x = layer(x, key_padding_mask=None, encoder_out=encoder_out,
                       encoder_padding_mask=encoder_padding_mask, state=None if state is None else state.blocks[i])
         if state is not None:
             state.step += tokens.size(1)

@@ -69,6 +69,32 @@ def test_source_padding_does_not_change_outputs():
     torch.testing.assert_close(m(src, prev), m(padded, prev), atol=1e-5, rtol=1e-5)
 
 
+def test_padded_targets_keep_the_causal_attention_path(monkeypatch):
+    """Right-padded decoder inputs need no mask in a causal stack: self-attention keeps ``is_causal`` (flash on
+    GPUs) while cross-attention still masks source pads, and every real position equals the unpadded batch."""
+    import seqmix.mixers.multihead_attention as mha
+
+    calls = []
+    sdpa = mha.F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+        calls.append((q.size(2), k.size(2), attn_mask is not None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+    m = small_model()
+    src = torch.randint(4, 40, (2, 5))
+    src[1, 3:] = PAD
+    prev = torch.randint(4, 40, (2, 6))
+    prev[1, 4:] = PAD
+    monkeypatch.setattr(mha.F, "scaled_dot_product_attention", recording)
+    out = m(src, prev)
+    encoder, decoder = calls[:2], calls[2:]
+    assert encoder == [(5, 5, True, False)] * 2
+    assert decoder == [(6, 6, False, True), (6, 5, True, False)] * 2  # self-attention, then cross-attention
+    alone = m(src[1:, :3], prev[1:, :4])
+    torch.testing.assert_close(out[1:, :4], alone, atol=1e-5, rtol=1e-5)
+
+
 def test_shared_embeddings_are_one_tensor():
     m = small_model(share_all_embeddings=True)
     assert m.encoder.embed_tokens.weight is m.decoder.embed_tokens.weight
