@@ -1,4 +1,5 @@
-"""Keeping work from being lost: last.ckpt after every epoch and at the end, and a checkpoint when a run dies."""
+"""Keeping work from being lost: last.ckpt after every epoch, every N updates and at the end, and a checkpoint when a
+run dies."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+
+from seqmix.errors import SeqmixError
 
 log = logging.getLogger("seqmix")
 
@@ -20,24 +23,37 @@ def _checkpoint_dir(trainer: L.Trainer) -> Path | None:
 
 
 class LastCheckpoint(Checkpoint):
-    """last.ckpt after every training epoch (its validation included) and when training ends, mid-epoch too
-    (max_steps, max_time); interrupted.ckpt when training dies (exception, Ctrl-C). A run killed outright (OOM
-    killer, preemption) thus loses at most one epoch: ModelCheckpoint's own last.ckpt is only rewritten when it
-    saves a top-k checkpoint, i.e. when the best score improves. List it after the ModelCheckpoints (as
+    """last.ckpt after every training epoch (its validation included), every ``every_n_updates`` optimizer updates
+    within epochs (0: never; WMT epochs are hours) and when training ends, mid-epoch too (max_steps, max_time);
+    interrupted.ckpt when training dies (exception, Ctrl-C). A run killed outright (OOM killer, preemption) thus
+    loses at most an epoch or ``every_n_updates`` updates, and resumes at the batch it stopped at (the loader's
+    place is in the checkpoint: seqmix.data.resumable_loader). ModelCheckpoint's own last.ckpt is only rewritten
+    when it saves a top-k checkpoint, i.e. when the best score improves. List it after the ModelCheckpoints (as
     conf/callbacks does): Lightning runs checkpoint callbacks last, in their order, so the saved state holds their
     view of this epoch's validation (ModelCheckpoint itself saves at the train epoch's end when validating every
     epoch)."""
 
-    def __init__(self, last_name: str = "last.ckpt", interrupted_name: str = "interrupted.ckpt") -> None:
+    def __init__(self, last_name: str = "last.ckpt", interrupted_name: str = "interrupted.ckpt",
+                 every_n_updates: int = 0) -> None:
+        if every_n_updates < 0:
+            raise SeqmixError(f"every_n_updates={every_n_updates} must be >= 0 (0: only at epoch ends)")
         self.last_name = last_name
         self.interrupted_name = interrupted_name
+        self.every_n_updates = every_n_updates
         self.last_path = ""  # where last.ckpt was written, once it was
+        self._saved_step = -1
 
     def _save_last(self, trainer: L.Trainer) -> None:
         directory = _checkpoint_dir(trainer)
         if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking:
             trainer.save_checkpoint(directory / self.last_name)
             self.last_path = str(directory / self.last_name)
+            self._saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        step = trainer.global_step  # unchanged over the batches one update accumulates: saved once
+        if self.every_n_updates and step % self.every_n_updates == 0 and step != self._saved_step:
+            self._save_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save_last(trainer)
@@ -53,6 +69,10 @@ class LastCheckpoint(Checkpoint):
             log.warning("weights are not finite: not writing %s", self.interrupted_name)
             return
         path = directory / self.interrupted_name
-        trainer.save_checkpoint(path)
+        try:
+            trainer.save_checkpoint(path)
+        except (OSError, SeqmixError) as err:  # e.g. the full disk that stopped the run: report the first error
+            log.warning("could not write %s: %s", path, err)
+            return
         log.warning("training stopped by %s; state saved to %s (resume with ckpt_path=%s)",
                     type(exception).__name__, path, path)

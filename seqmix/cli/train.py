@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from seqmix.callbacks import LastCheckpoint
 from seqmix.checkpoint import check_resumable, load_weights
+from seqmix.checkpoint_io import AtomicCheckpointIO
 from seqmix.cli.common import module_summary
 from seqmix.errors import SeqmixError
 from seqmix.mixers.group import settle_mixer_choice
@@ -68,7 +69,9 @@ def train(cfg: DictConfig) -> float | None:
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
     callbacks = instantiate_callbacks(cfg)
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False)
+    plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO()]}
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False,
+                                     **plugins)
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         if trainer.interrupted:

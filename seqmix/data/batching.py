@@ -10,10 +10,18 @@ batch boundaries into it, and a Python list exists only for the batch being hand
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from seqmix.errors import SeqmixError
+
+log = logging.getLogger(__name__)
+
+# What a rank's batch list depends on besides the data: a resume must find the same values to skip batches.
+_LAYOUT = ("batches", "seed", "shuffle", "world_size", "rank", "max_tokens", "max_sentences")
 
 
 def _as_lengths(values) -> np.ndarray:
@@ -80,6 +88,8 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = 0
         self._bounds = self._pack()
         self._cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained in it) from a checkpoint
+        self.epoch_source: Callable[[], int | None] | None = None  # overrides set_epoch's argument unless it gives None
 
     @property
     def sampler(self):
@@ -87,7 +97,30 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         return self
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        source = None if self.epoch_source is None else self.epoch_source()
+        self.epoch = int(epoch if source is None else source)
+
+    def _layout(self) -> dict:
+        return {"batches": len(self), "seed": self.seed, "shuffle": self.shuffle, "world_size": self.world_size,
+                "rank": self.rank, "max_tokens": self.max_tokens, "max_sentences": self.max_sentences}
+
+    def state_dict(self, trained: int) -> dict:
+        """Where training stands: this epoch and the ``trained`` batches of it already done (the loop knows how
+        many; the sampler cannot, as loaders fetch ahead), plus what the batch list depends on."""
+        return {"epoch": self.epoch, "trained": int(trained), **self._layout()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` stopped: its epoch's order, without the batches already trained (the next
+        epoch when all were). A sampler whose data or settings changed since starts its epoch from the top."""
+        changed = {k: (state.get(k), v) for k, v in self._layout().items() if state.get(k) != v}
+        if changed:
+            log.warning("the training batches differ from the checkpoint's (%s): the resumed epoch starts from its "
+                        "first batch", ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+            return
+        epoch, trained = int(state["epoch"]), int(state["trained"])
+        if trained >= state["batches"]:
+            epoch, trained = epoch + 1, 0
+        self.epoch, self._resume = epoch, (epoch, trained)
 
     def _rng(self, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, stream])
@@ -137,6 +170,12 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __iter__(self):
         order, batch_ids = self._epoch_batches()
+        if self._resume is not None:  # every iterator of the resumed epoch skips what was trained
+            epoch, trained = self._resume
+            if epoch == self.epoch:
+                batch_ids = batch_ids[trained:]
+            else:
+                self._resume = None
         bounds = self._bounds
         return (order[bounds[j] : bounds[j + 1]].tolist() for j in batch_ids.tolist())
 

@@ -7,6 +7,7 @@ import lightning
 from torch.utils.data import DataLoader
 
 from seqmix.data.batching import TokenBudgetBatchSampler
+from seqmix.data.resumable_loader import ResumableLoader
 from seqmix.errors import SeqmixError
 
 
@@ -47,8 +48,20 @@ class TokenBudgetDataModule(lightning.LightningDataModule):
         budget = self.max_tokens if shuffle else (self.max_tokens_valid or self.max_tokens)
         sampler = TokenBudgetBatchSampler(*self.batch_lengths(ds), budget, self.max_sentences, shuffle=shuffle,
                                           seed=self.seed, rank=rank, world_size=world)
-        return DataLoader(ds, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self.collate_fn(),
-                          persistent_workers=self.num_workers > 0)
+        options = {"num_workers": self.num_workers, "collate_fn": self.collate_fn(),
+                   "persistent_workers": self.num_workers > 0}
+        if shuffle:
+            return ResumableLoader(ds, sampler, self._trained_batches, self._current_epoch, **options)
+        return DataLoader(ds, batch_sampler=sampler, **options)
+
+    def _trained_batches(self) -> int:
+        """Batches of the current epoch the training loop has finished (for a checkpoint's loader state)."""
+        trainer = getattr(self, "trainer", None)
+        return 0 if trainer is None else trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def _current_epoch(self) -> int | None:
+        trainer = getattr(self, "trainer", None)
+        return None if trainer is None else trainer.current_epoch
 
     def train_dataloader(self):
         return self.dataloader("train", shuffle=True)

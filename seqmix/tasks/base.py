@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
@@ -222,3 +224,29 @@ class SeqmixTask(L.LightningModule, ABC):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.raise_if_nonfinite()  # before Lightning writes the file
         checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A resumed run draws the dropout masks the uninterrupted run would have drawn next."""
+        if "rng_states" in checkpoint:
+            set_rng_states(checkpoint["rng_states"])
+
+
+def rng_states() -> dict:
+    """The global random generators (torch, CUDA, numpy, Python) in types a ``weights_only`` load accepts (as
+    Lightning resumes). Every rank is seeded alike, so rank 0's states (the ones a checkpoint keeps) are every
+    rank's."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -220,3 +220,35 @@ def test_compact_inputs_are_used_without_copies(tmp_path):
 def test_negative_lengths_are_rejected():
     with pytest.raises(ValueError, match="must be >= 0"):
         TokenBudgetBatchSampler([3, -1], [4, 5], max_tokens=10)
+
+
+def test_a_loaded_state_resumes_the_epoch_after_its_trained_batches(lengths):
+    full = [epoch(make(lengths), e) for e in (2, 3)]
+    saved = make(lengths)
+    saved.set_epoch(2)
+    resumed = make(lengths)  # a new process: epoch 0 until the checkpoint's state arrives
+    resumed.load_state_dict(saved.state_dict(trained=5))
+    assert list(resumed) == full[0][5:]
+    assert list(resumed) == full[0][5:]  # another iterator of the resumed epoch skips the same batches
+    resumed.set_epoch(3)
+    assert list(resumed) == full[1]
+
+
+def test_a_state_saved_after_the_epochs_last_batch_resumes_with_the_next_epoch(lengths):
+    saved = make(lengths)
+    saved.set_epoch(4)
+    resumed = make(lengths)
+    resumed.load_state_dict(saved.state_dict(trained=len(saved)))
+    assert list(resumed) == epoch(make(lengths), 5)
+    resumed.set_epoch(5)  # what Lightning then says
+    assert list(resumed) == epoch(make(lengths), 5)
+
+
+def test_a_state_from_other_batches_restarts_the_epoch_with_a_warning(lengths, caplog):
+    saved = make(lengths, max_tokens=MAX_TOKENS // 2)
+    saved.set_epoch(1)
+    resumed = make(lengths)
+    with caplog.at_level("WARNING"):
+        resumed.load_state_dict(saved.state_dict(trained=3))
+    assert "max_tokens 500 -> 1000" in caplog.text
+    assert epoch(resumed, 1) == epoch(make(lengths), 1)

@@ -248,7 +248,7 @@ def test_batches_cover_kept_pairs_once_within_budget_on_disjoint_ranks(multi30k_
     per_rank = []
     try:
         for rank in (0, 1):
-            dm.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+            dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, current_epoch=3)
             sampler = dm.dataloader(split, shuffle=shuffle).batch_sampler
             sampler.set_epoch(3)
             per_rank.append([tuple(b) for b in sampler])

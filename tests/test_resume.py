@@ -1,0 +1,75 @@
+"""Exact resume: a train.py run killed with SIGKILL at a chosen update and resumed from its latest checkpoint
+trains on the batches an uninterrupted run would, in the same order, and ends with bitwise-equal weights and
+optimizer state (CPU, same threads; dropout on, so the random generators must be restored too)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import TINY, describe, run
+
+pytestmark = pytest.mark.slow
+
+STEPS = 30
+BASE = [*TINY, "task.data.max_tokens=512", f"trainer.max_steps={STEPS}", "trainer.max_epochs=-1", "run_test=false",
+        "trainer.limit_val_batches=1", "model.dropout=0.1", "+callbacks.probe._target_=tests.resume_probe.BatchProbe"]
+
+
+def train(log_dir: Path, *extra: str, kill_after: int = -1):
+    return run("train.py", [*BASE, f"+callbacks.probe.path={log_dir / 'batches.jsonl'}",
+                            f"+callbacks.probe.kill_after={kill_after}", *extra], log_dir)
+
+
+def batches(log_dir: Path) -> dict[int, tuple[int, list[int]]]:
+    """update -> (epoch, example ids) as trained; a resumed update's record replaces the killed run's."""
+    records = [json.loads(line) for line in (log_dir / "batches.jsonl").read_text().splitlines()]
+    return {step: (epoch, ids) for epoch, step, ids in records}
+
+
+def last_checkpoint(log_dir: Path) -> Path:
+    """The newest last.ckpt under ``log_dir`` (each run writes its own run folder)."""
+    return max(log_dir.rglob("checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("uninterrupted")
+    proc = train(log_dir)
+    assert proc.returncode == 0, describe(proc)
+    return log_dir
+
+
+@pytest.mark.parametrize("where", ["mid-epoch", "after an epoch's end"])
+def test_a_killed_run_resumes_exactly(whole, tmp_path, where):
+    expected = batches(whole)
+    epochs = [epoch for epoch, _ in expected.values()]
+    assert len(expected) == STEPS and epochs[-1] >= 2, "the run should span epochs"
+    end_of_first = epochs.count(0)  # updates in an epoch
+    if where == "mid-epoch":  # last.ckpt every 4 updates; killed after update 4k+1, inside epoch 1
+        every, kill_after = 4, 4 * ((end_of_first + 6) // 4) + 1
+        resumed_at = kill_after - 1
+        assert end_of_first < resumed_at < 2 * end_of_first
+    else:  # last.ckpt only at epoch ends; killed 2 updates into epoch 2
+        every, kill_after = 0, 2 * end_of_first + 2
+        resumed_at = 2 * end_of_first
+    killed = train(tmp_path, f"callbacks.last_checkpoint.every_n_updates={every}", kill_after=kill_after)
+    assert killed.returncode == -signal.SIGKILL, describe(killed)
+    ckpt = last_checkpoint(tmp_path)
+    assert torch.load(ckpt, weights_only=False)["global_step"] == resumed_at
+    resumed = train(tmp_path, f"callbacks.last_checkpoint.every_n_updates={every}", f"ckpt_path={ckpt}")
+    assert resumed.returncode == 0, describe(resumed)
+    assert "not resumable" not in resumed.stderr + resumed.stdout
+
+    assert batches(tmp_path) == expected  # every update, the killed run's and the resumed run's, on the same batch
+    ours, theirs = (torch.load(last_checkpoint(d), weights_only=False) for d in (tmp_path, whole))
+    assert ours["global_step"] == theirs["global_step"] == STEPS
+    for name, value in theirs["state_dict"].items():
+        assert torch.equal(ours["state_dict"][name], value), name
+    for ours_state, theirs_state in zip(ours["optimizer_states"][0]["state"].values(),
+                                        theirs["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(ours_state[k], v) for k, v in theirs_state.items())
