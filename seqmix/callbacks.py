@@ -41,6 +41,7 @@ class LastCheckpoint(Checkpoint):
         self.interrupted_name = interrupted_name
         self.every_n_updates = every_n_updates
         self.last_path = ""  # where last.ckpt was written, once it was
+        self.interrupted_path = ""  # where interrupted.ckpt was written, once it was
         self._saved_step = -1
 
     def _save_last(self, trainer: L.Trainer) -> None:
@@ -74,5 +75,6 @@ class LastCheckpoint(Checkpoint):
         except (OSError, SeqmixError) as err:  # e.g. the full disk that stopped the run: report the first error
             log.warning("could not write %s: %s", path, err)
             return
+        self.interrupted_path = str(path)
         log.warning("training stopped by %s; state saved to %s (resume with ckpt_path=%s)",
                     type(exception).__name__, path, path)

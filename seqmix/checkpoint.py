@@ -29,10 +29,34 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     return ckpt
 
 
+def _resumable(ckpt: dict) -> bool:
+    return "optimizer_states" in ckpt and "loops" in ckpt
+
+
+def newest_resumable_beside(path: str | os.PathLike) -> Path | None:
+    """The most recently written checkpoint in ``path``'s folder, other than ``path``, that loads and resumes."""
+    path = Path(path)
+    others = [p for p in path.parent.glob("*.ckpt") if p.resolve() != path.resolve()] if path.parent.is_dir() else []
+    for candidate in sorted(others, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        try:
+            if _resumable(load_checkpoint(candidate)):
+                return candidate
+        except SeqmixError:
+            continue
+    return None
+
+
 def check_resumable(path: str | os.PathLike) -> None:
-    """Fail before training starts, not mid-way, when a resume checkpoint is missing or corrupt."""
-    ckpt = load_checkpoint(path)
-    if "optimizer_states" not in ckpt or "loops" not in ckpt:
+    """Fail before training starts, not mid-way, when a resume checkpoint is missing or corrupt, and name the newest
+    good checkpoint beside it (e.g. the epoch checkpoint before a last.ckpt a crash cut short)."""
+    try:
+        ckpt = load_checkpoint(path)
+    except SeqmixError as err:
+        fallback = newest_resumable_beside(path)
+        if fallback is None:
+            raise
+        raise SeqmixError(f"{err}. The newest good checkpoint beside it: resume with ckpt_path={fallback}") from None
+    if not _resumable(ckpt):
         raise SeqmixError(f"{path} holds weights only (no optimizer/loop state): it cannot be resumed; "
                           "start a new run from it instead")
 

@@ -1,5 +1,6 @@
 """A callback for the resume tests, loaded by train.py subprocesses: records every training batch's example ids
-and kills its own process (SIGKILL, as the OOM killer would) after a chosen update."""
+and, after a chosen update, sends its own process a signal (SIGKILL as the OOM killer would, SIGTERM or SIGUSR1
+as a cluster scheduler would)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import lightning as L
 
 
 class BatchProbe(L.Callback):
-    def __init__(self, path: str, kill_after: int = -1) -> None:
-        self.path, self.kill_after = path, kill_after
+    def __init__(self, path: str, kill_after: int = -1, signal_name: str = "SIGKILL") -> None:
+        self.path, self.kill_after, self.signal = path, kill_after, getattr(signal, signal_name)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         with open(self.path, "a") as f:
@@ -20,4 +21,4 @@ class BatchProbe(L.Callback):
 
     def on_train_batch_end(self, trainer, *args) -> None:  # runs before the checkpoint callbacks of this update
         if trainer.global_step == self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)

@@ -1,6 +1,7 @@
-"""Exact resume: a train.py run killed with SIGKILL at a chosen update and resumed from its latest checkpoint
-trains on the batches an uninterrupted run would, in the same order, and ends with bitwise-equal weights and
-optimizer state (CPU, same threads; dropout on, so the random generators must be restored too)."""
+"""Exact resume: a train.py run killed with SIGKILL at a chosen update and resumed from its latest checkpoint, or
+stopped by SIGTERM / SIGUSR1 and resumed from the checkpoint it wrote, trains on the batches an uninterrupted run
+would, in the same order, and ends with bitwise-equal weights and optimizer state (CPU, same threads; dropout
+on, so the random generators must be restored too)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ BASE = [*TINY, "task.data.max_tokens=512", f"trainer.max_steps={STEPS}", "traine
         "trainer.limit_val_batches=1", "model.dropout=0.1", "+callbacks.probe._target_=tests.resume_probe.BatchProbe"]
 
 
-def train(log_dir: Path, *extra: str, kill_after: int = -1):
+def train(log_dir: Path, *extra: str, kill_after: int = -1, signal_name: str = "SIGKILL"):
     return run("train.py", [*BASE, f"+callbacks.probe.path={log_dir / 'batches.jsonl'}",
-                            f"+callbacks.probe.kill_after={kill_after}", *extra], log_dir)
+                            f"+callbacks.probe.kill_after={kill_after}", f"+callbacks.probe.signal_name={signal_name}",
+                            *extra], log_dir)
 
 
 def batches(log_dir: Path) -> dict[int, tuple[int, list[int]]]:
@@ -34,6 +36,18 @@ def batches(log_dir: Path) -> dict[int, tuple[int, list[int]]]:
 def last_checkpoint(log_dir: Path) -> Path:
     """The newest last.ckpt under ``log_dir`` (each run writes its own run folder)."""
     return max(log_dir.rglob("checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+
+
+def same_training(resumed_dir: Path, whole: Path) -> None:
+    """Every update of the interrupted and resumed runs on the uninterrupted run's batch, and equal end states."""
+    assert batches(resumed_dir) == batches(whole)
+    ours, theirs = (torch.load(last_checkpoint(d), weights_only=False) for d in (resumed_dir, whole))
+    assert ours["global_step"] == theirs["global_step"] == STEPS
+    for name, value in theirs["state_dict"].items():
+        assert torch.equal(ours["state_dict"][name], value), name
+    for ours_state, theirs_state in zip(ours["optimizer_states"][0]["state"].values(),
+                                        theirs["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(ours_state[k], v) for k, v in theirs_state.items())
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +79,19 @@ def test_a_killed_run_resumes_exactly(whole, tmp_path, where):
     assert resumed.returncode == 0, describe(resumed)
     assert "not resumable" not in resumed.stderr + resumed.stdout
 
-    assert batches(tmp_path) == expected  # every update, the killed run's and the resumed run's, on the same batch
-    ours, theirs = (torch.load(last_checkpoint(d), weights_only=False) for d in (tmp_path, whole))
-    assert ours["global_step"] == theirs["global_step"] == STEPS
-    for name, value in theirs["state_dict"].items():
-        assert torch.equal(ours["state_dict"][name], value), name
-    for ours_state, theirs_state in zip(ours["optimizer_states"][0]["state"].values(),
-                                        theirs["optimizer_states"][0]["state"].values()):
-        assert all(torch.equal(ours_state[k], v) for k, v in theirs_state.items())
+    same_training(tmp_path, whole)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+def test_a_signalled_run_saves_its_state_exits_and_resumes_exactly(whole, tmp_path, signal_name):
+    stopped = train(tmp_path, kill_after=11, signal_name=signal_name)
+    assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
+    lines = [line for line in stopped.stderr.splitlines() if line.startswith("seqmix:")]
+    assert len(lines) == 1 and "after update 11" in lines[0] and "Traceback" not in stopped.stderr, describe(stopped)
+    saved = lines[0].rsplit("ckpt_path=", 1)[1]
+    assert Path(saved).name == "interrupted.ckpt"
+    assert torch.load(saved, weights_only=False)["global_step"] == 11
+    assert not list(tmp_path.rglob("FAILED"))
+    resumed = train(tmp_path, f"ckpt_path={saved}")
+    assert resumed.returncode == 0, describe(resumed)
+    same_training(tmp_path, whole)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from seqmix.callbacks import LastCheckpoint
@@ -72,8 +76,12 @@ def train(cfg: DictConfig) -> float | None:
     plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO()]}
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False,
                                      **plugins)
+    forward_sigusr1_as_sigterm()
     try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        try:
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        except SIGTERMException:
+            stopped_by_signal(trainer)
         if trainer.interrupted:
             raise SeqmixError("training was interrupted; resume with ckpt_path=<run dir>/checkpoints/last.ckpt")
         score = None
@@ -82,6 +90,25 @@ def train(cfg: DictConfig) -> float | None:
         return score
     finally:
         finish_wandb()
+
+
+def forward_sigusr1_as_sigterm() -> None:
+    """SIGUSR1 (what SLURM sends ahead of a time limit or preemption, ``--signal=USR1@90``) stops training like
+    SIGTERM: Lightning finishes the update, the state goes to interrupted.ckpt, the run exits. Under SLURM with
+    Lightning's auto-requeue, Lightning's own SIGUSR1 handler (checkpoint + requeue) is left alone."""
+    if SLURMEnvironment.detect():
+        return
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+
+
+def stopped_by_signal(trainer: L.Trainer) -> None:
+    """A preempted run: one line saying where its state is and how to resume, exit status 143 (terminated)."""
+    saved = next((cb.interrupted_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), "")
+    where = f"state saved to {saved}; resume with ckpt_path={saved}" if saved else "no checkpoint was written"
+    print(f"seqmix: stopped by a signal (SIGTERM or SIGUSR1) after update {trainer.global_step}: {where}",
+          file=sys.stderr, flush=True)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> float | None:
