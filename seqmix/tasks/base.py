@@ -64,6 +64,10 @@ class SeqmixTask(L.LightningModule, ABC):
     finite_check_interval: int | None = None
     #: the run config's top-level ``compile`` (true | false | auto; set by ``seqmix.tasks.factory.build_task``)
     compile_training: bool | str = False
+    #: what a non-finite loss or gradient does (top-level ``nonfinite``): "raise" (``watch_finite``) or "skip" the
+    #: update (``optimizer_step``), stopping after ``nonfinite_skip_limit`` skipped updates in a row
+    nonfinite: str = "raise"
+    nonfinite_skip_limit: int = 10
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  run_config: dict | None = None) -> None:
@@ -76,6 +80,8 @@ class SeqmixTask(L.LightningModule, ABC):
         self._eval_outputs: list = []
         self._last_step_time: float | None = None
         self._first_nonfinite: Tensor | None = None  # step of the first non-finite loss (-1: none), on the device
+        self.skipped_updates = 0  # updates dropped by nonfinite=skip (loss-scale skips of 16-mixed included)
+        self._skipped_in_a_row = 0
         self._compiled: dict[str, Callable] = {}  # a plain dict: nothing compiled is registered as a submodule
         self.reports: dict[str, Report] = {}
         self.test_split = "test"
@@ -109,7 +115,8 @@ class SeqmixTask(L.LightningModule, ABC):
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss, nll, ntokens = self.compute_loss(batch)
-        self.watch_finite(loss)
+        if self.nonfinite == "raise":
+            self.watch_finite(loss)
         denom = max(ntokens, 1)
         now = time.perf_counter()
         if self._last_step_time is not None:
@@ -144,6 +151,48 @@ class SeqmixTask(L.LightningModule, ABC):
                 "checkpoints/ folder; resume from the last one with a lower optim.lr, a longer warmup, gradient "
                 "clipping (trainer.gradient_clip_val) or trainer.precision=bf16-mixed/32-true."
             )
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """With ``nonfinite=skip``: an update whose gradients (after the DDP all-reduce, so every rank agrees) are
+        not finite leaves weights and optimizer state untouched (its gradients are dropped before the step; the
+        step counter and lr schedule still advance). Deciding reads one flag back per update: a host sync on GPUs.
+        Under 16-mixed the loss scaler already skips overflowing steps; those are counted the same way."""
+        if self.nonfinite != "skip":
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scale = scaler.get_scale() if scaler is not None else None
+        dropped = []
+
+        def closure():
+            result = optimizer_closure()
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if scaler is None and params and not bool(torch.isfinite(torch.stack(
+                    [torch.linalg.vector_norm(p.grad.float()) for p in params])).all()):
+                for p in params:
+                    p.grad = None
+                dropped.append(True)
+            return result
+
+        optimizer.step(closure=closure)
+        if dropped or (scaler is not None and scaler.get_scale() < scale):
+            self._count_skipped()
+        else:
+            self._skipped_in_a_row = 0
+
+    def _count_skipped(self) -> None:
+        self.skipped_updates += 1
+        self._skipped_in_a_row += 1
+        if self._skipped_in_a_row >= self.nonfinite_skip_limit:
+            raise SeqmixError(
+                f"{self._skipped_in_a_row} updates in a row (the last at step {self.global_step}) had a non-finite "
+                f"loss or gradient and were skipped ({self.skipped_updates} in all). The weights are still finite: "
+                "resume from interrupted.ckpt with a lower optim.lr, gradient clipping (trainer.gradient_clip_val) "
+                "or trainer.precision=bf16-mixed/32-true."
+            )
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.nonfinite == "skip":
+            self.log("train/skipped_updates", float(self.skipped_updates), on_step=True, on_epoch=False)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
@@ -223,13 +272,19 @@ class SeqmixTask(L.LightningModule, ABC):
     # --- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.raise_if_nonfinite()  # before Lightning writes the file
+        if not bool(torch.stack([torch.isfinite(p).all() for p in self.parameters()]).all()):
+            raise SeqmixError(f"the weights are not finite at step {self.global_step} (a non-finite gradient with a "
+                              "finite loss?); not writing a checkpoint. Resume from the run's last checkpoint with "
+                              "a lower optim.lr, gradient clipping (trainer.gradient_clip_val) or nonfinite=skip.")
         checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
         checkpoint["rng_states"] = rng_states()
+        checkpoint["skipped_updates"] = self.skipped_updates
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A resumed run draws the dropout masks the uninterrupted run would have drawn next."""
         if "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])
+        self.skipped_updates = checkpoint.get("skipped_updates", 0)
 
 
 def rng_states() -> dict:

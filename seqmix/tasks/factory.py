@@ -7,6 +7,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from seqmix.compile import check_setting
+from seqmix.errors import SeqmixError
 
 
 def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
@@ -31,7 +32,19 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
                    run_config=to_container(cfg), **cls.options_from_config(cfg))
     # every task has it (SeqmixTask), so it is set here rather than through each task's constructor
     task.compile_training = check_setting(cfg.get("compile", False))
+    task.nonfinite, task.nonfinite_skip_limit = nonfinite_policy(cfg)
     return task
+
+
+def nonfinite_policy(cfg: DictConfig) -> tuple[str, int]:
+    """The top-level ``nonfinite`` (raise | skip) and ``nonfinite_skip_limit`` (skipped updates in a row that stop
+    the run), checked."""
+    policy, limit = cfg.get("nonfinite", "raise"), cfg.get("nonfinite_skip_limit", 10)
+    if policy not in ("raise", "skip"):
+        raise SeqmixError(f"nonfinite must be raise or skip, got {policy!r}")
+    if not isinstance(limit, int) or limit < 1:
+        raise SeqmixError(f"nonfinite_skip_limit must be a positive number of updates, got {limit!r}")
+    return policy, limit
 
 
 def to_container(cfg: DictConfig) -> dict:
