@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from seqmix.data import Tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.tasks.factory import build_task
+
+log = logging.getLogger(__name__)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
@@ -46,9 +49,22 @@ def newest_resumable_beside(path: str | os.PathLike) -> Path | None:
     return None
 
 
+def remove_orphaned_writes(directory: Path) -> None:
+    """Delete the temp files of checkpoint writes a kill interrupted (``seqmix.files.atomic_write`` names them
+    ``.<name>.<random>.tmp``): each is as large as a checkpoint, and nothing else would ever remove them."""
+    orphans = list(directory.glob(".*.ckpt.*.tmp")) if directory.is_dir() else []
+    if orphans:
+        size = sum(p.stat().st_size for p in orphans)
+        for p in orphans:
+            p.unlink(missing_ok=True)
+        log.info("removed %d unfinished checkpoint write(s) from %s (%.1f MB)", len(orphans), directory, size / 1e6)
+
+
 def check_resumable(path: str | os.PathLike) -> None:
     """Fail before training starts, not mid-way, when a resume checkpoint is missing or corrupt, and name the newest
-    good checkpoint beside it (e.g. the epoch checkpoint before a last.ckpt a crash cut short)."""
+    good checkpoint beside it (e.g. the epoch checkpoint before a last.ckpt a crash cut short). Unfinished writes
+    beside it are removed."""
+    remove_orphaned_writes(Path(path).parent)
     try:
         ckpt = load_checkpoint(path)
     except SeqmixError as err:

@@ -77,8 +77,11 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_checkpoint(tmp_pat
     proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(path)], capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert torch.load(path, weights_only=False)["global_step"] == 6
-    check_resumable(path)
     assert [p.name for p in tmp_path.glob("*.ckpt")] == ["last.ckpt"]  # the temp file is not a checkpoint
+    orphans = list(tmp_path.glob(".last.ckpt.*.tmp"))
+    assert len(orphans) == 1 and orphans[0].stat().st_size >= 100_000  # what the kill left behind
+    check_resumable(path)  # resuming removes it
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint_and_says_what_to_do(tmp_path, monkeypatch):
