@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from seqmix.errors import SeqmixError
+from seqmix.tasks.base import weights_finite
 
 log = logging.getLogger("seqmix")
 
@@ -66,7 +66,7 @@ class LastCheckpoint(Checkpoint):
         directory = _checkpoint_dir(trainer)
         if directory is None or trainer.global_step == 0:
             return
-        if not all(torch.isfinite(p).all() for p in pl_module.parameters()):
+        if not weights_finite(pl_module):
             log.warning("weights are not finite: not writing %s", self.interrupted_name)
             return
         path = directory / self.interrupted_name

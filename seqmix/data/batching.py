@@ -20,9 +20,6 @@ from seqmix.errors import SeqmixError
 
 log = logging.getLogger(__name__)
 
-# What a rank's batch list depends on besides the data: a resume must find the same values to skip batches.
-_LAYOUT = ("batches", "seed", "shuffle", "world_size", "rank", "max_tokens", "max_sentences")
-
 
 def _as_lengths(values) -> np.ndarray:
     """Integer arrays (memmaps included) are used as they are, without a copy; anything else becomes int64."""
@@ -101,6 +98,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = int(epoch if source is None else source)
 
     def _layout(self) -> dict:
+        """What this rank's batch list depends on besides the data: a resume must find the same to skip batches."""
         return {"batches": len(self), "seed": self.seed, "shuffle": self.shuffle, "world_size": self.world_size,
                 "rank": self.rank, "max_tokens": self.max_tokens, "max_sentences": self.max_sentences}
 

@@ -166,8 +166,7 @@ class SeqmixTask(L.LightningModule, ABC):
         def closure():
             result = optimizer_closure()
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if scaler is None and params and not bool(torch.isfinite(torch.stack(
-                    [torch.linalg.vector_norm(p.grad.float()) for p in params])).all()):
+            if scaler is None and params and not bool(torch.isfinite(tensor_norms(p.grad for p in params)).all()):
                 for p in params:
                     p.grad = None
                 dropped.append(True)
@@ -197,7 +196,7 @@ class SeqmixTask(L.LightningModule, ABC):
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            norm = torch.linalg.vector_norm(tensor_norms(grads))
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
@@ -272,7 +271,7 @@ class SeqmixTask(L.LightningModule, ABC):
     # --- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.raise_if_nonfinite()  # before Lightning writes the file
-        if not bool(torch.stack([torch.isfinite(p).all() for p in self.parameters()]).all()):
+        if not weights_finite(self):
             raise SeqmixError(f"the weights are not finite at step {self.global_step} (a non-finite gradient with a "
                               "finite loss?); not writing a checkpoint. Resume from the run's last checkpoint with "
                               "a lower optim.lr, gradient clipping (trainer.gradient_clip_val) or nonfinite=skip.")
@@ -285,6 +284,16 @@ class SeqmixTask(L.LightningModule, ABC):
         if "rng_states" in checkpoint:
             set_rng_states(checkpoint["rng_states"])
         self.skipped_updates = checkpoint.get("skipped_updates", 0)
+
+
+def tensor_norms(tensors) -> Tensor:
+    """The L2 norm of each tensor (in fp32 at least), stacked: one device tensor, read back at most once."""
+    return torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors])
+
+
+def weights_finite(module: nn.Module) -> bool:
+    """Whether every parameter of ``module`` is finite (one read back)."""
+    return bool(torch.stack([torch.isfinite(p).all() for p in module.parameters()]).all())
 
 
 def rng_states() -> dict:
