@@ -5,6 +5,7 @@ from omegaconf import DictConfig
 
 from seqmix.cli.common import user_errors_exit
 from seqmix.cli.resolvers import register_resolvers
+from seqmix.cli.user_errors import run_entry_point
 
 register_resolvers()
 
@@ -18,4 +19,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

@@ -36,17 +36,25 @@ def _resumable(ckpt: dict) -> bool:
     return "optimizer_states" in ckpt and "loops" in ckpt
 
 
-def newest_resumable_beside(path: str | os.PathLike) -> Path | None:
-    """The most recently written checkpoint in ``path``'s folder, other than ``path``, that loads and resumes."""
-    path = Path(path)
-    others = [p for p in path.parent.glob("*.ckpt") if p.resolve() != path.resolve()] if path.parent.is_dir() else []
-    for candidate in sorted(others, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+def newest_resumable_in(folder: Path, but: Path | None = None) -> tuple[Path, dict] | None:
+    """The most recently written checkpoint in ``folder`` (other than ``but``) that loads and resumes, loaded."""
+    if not folder.is_dir():
+        return None
+    candidates = [p for p in folder.glob("*.ckpt") if but is None or p.resolve() != but.resolve()]
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
         try:
-            if _resumable(load_checkpoint(candidate)):
-                return candidate
+            ckpt = load_checkpoint(candidate)
         except SeqmixError:
             continue
+        if _resumable(ckpt):
+            return candidate, ckpt
     return None
+
+
+def newest_resumable_beside(path: str | os.PathLike) -> Path | None:
+    """The most recently written checkpoint in ``path``'s folder, other than ``path``, that loads and resumes."""
+    found = newest_resumable_in(Path(path).parent, but=Path(path))
+    return None if found is None else found[0]
 
 
 def remove_orphaned_writes(directory: Path) -> None:
@@ -60,10 +68,10 @@ def remove_orphaned_writes(directory: Path) -> None:
         log.info("removed %d unfinished checkpoint write(s) from %s (%.1f MB)", len(orphans), directory, size / 1e6)
 
 
-def check_resumable(path: str | os.PathLike) -> None:
+def check_resumable(path: str | os.PathLike) -> dict:
     """Fail before training starts, not mid-way, when a resume checkpoint is missing or corrupt, and name the newest
     good checkpoint beside it (e.g. the epoch checkpoint before a last.ckpt a crash cut short). Unfinished writes
-    beside it are removed."""
+    beside it are removed. Returns the checkpoint (for ``check_fits``)."""
     remove_orphaned_writes(Path(path).parent)
     try:
         ckpt = load_checkpoint(path)
@@ -75,16 +83,21 @@ def check_resumable(path: str | os.PathLike) -> None:
     if not _resumable(ckpt):
         raise SeqmixError(f"{path} holds weights only (no optimizer/loop state): it cannot be resumed; "
                           "start a new run from it instead")
+    return ckpt
 
 
-def load_weights(task, path: str | os.PathLike) -> None:
-    """Start a new run from the model weights of ``path`` (fairseq's ``--restore-file`` with optimizer, lr
-    schedule and counters reset, e.g. to fine-tune or anneal with another schedule). The vocabulary and every
-    parameter name and shape must match the model this run built: a silent partial load would train garbage."""
-    ckpt = load_checkpoint(path)
+def check_fits(task, ckpt: dict, option: str) -> None:
+    """``option`` (``ckpt_path=...`` or ``init_from=...``) names a checkpoint of this task, vocabulary and model:
+    every parameter name and shape must match (a silent partial load would train garbage, and Lightning's own
+    refusal is a page of size mismatches)."""
+    trained = ((ckpt["seqmix"].get("config") or {}).get("task") or {}).get("name")
+    own_task = (task.run_config.get("task") or {}).get("name")
+    if trained and own_task and trained != own_task:
+        raise SeqmixError(f"{option} was trained on task {trained}, this run is task {own_task}: pass "
+                          f"task={trained} (and the model settings it was trained with)")
     if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
-        raise SeqmixError(f"init_from={path}: its vocabulary differs from this run's; train on the data and "
-                          "vocabulary the checkpoint was trained with (same task and task.vocab_size)")
+        raise SeqmixError(f"{option}: its vocabulary differs from this run's; train on the data and vocabulary the "
+                          "checkpoint was trained with (same task and task.vocab_size)")
     own, theirs = task.state_dict(), ckpt["state_dict"]
     problems = [f"missing {k}" for k in own if k not in theirs]
     problems += [f"unexpected {k}" for k in theirs if k not in own]
@@ -92,9 +105,15 @@ def load_weights(task, path: str | os.PathLike) -> None:
                  for k in own if k in theirs and theirs[k].shape != own[k].shape]
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        raise SeqmixError(f"init_from={path} does not fit this model ({shown}); use the model settings it was "
-                          "trained with")
-    task.load_state_dict(theirs)
+        raise SeqmixError(f"{option} does not fit this model ({shown}); use the model settings it was trained with")
+
+
+def load_weights(task, path: str | os.PathLike) -> None:
+    """Start a new run from the model weights of ``path`` (fairseq's ``--restore-file`` with optimizer, lr
+    schedule and counters reset, e.g. to fine-tune or anneal with another schedule)."""
+    ckpt = load_checkpoint(path)
+    check_fits(task, ckpt, f"init_from={path}")
+    task.load_state_dict(ckpt["state_dict"])
 
 
 def average_checkpoints(paths: list[str | os.PathLike]) -> dict:

@@ -17,6 +17,7 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
+from seqmix.errors import SeqmixError
 from seqmix.host_reads import read_interval
 
 
@@ -27,7 +28,7 @@ class ProgressBar(RichProgressBar):
         1 on CPU, 50 on other devices)."""
         super().__init__(**kwargs)
         if metrics_interval is not None and metrics_interval < 1:
-            raise ValueError(f"metrics_interval must be >= 1 or null, got {metrics_interval}")
+            raise SeqmixError(f"metrics_interval must be >= 1 or null, got {metrics_interval}")
         self.show = tuple(show)
         self.metrics_interval = metrics_interval
         self._shown: dict[str, float] = {}

@@ -15,6 +15,8 @@ import logging
 
 import lightning as L
 
+from seqmix.errors import SeqmixError
+
 log = logging.getLogger("seqmix")
 _ROUNDING = 1e-6
 
@@ -22,7 +24,7 @@ _ROUNDING = 1e-6
 class StopAtMinLR(L.Callback):
     def __init__(self, min_lr: float = 0.0) -> None:
         if min_lr < 0:
-            raise ValueError(f"stop_min_lr must be >= 0 (0 = off), got {min_lr}")
+            raise SeqmixError(f"stop_min_lr must be >= 0 (0 = off), got {min_lr}")
         self.min_lr = float(min_lr)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

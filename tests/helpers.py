@@ -27,13 +27,14 @@ TINY = [
 ]
 
 
-def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None
-        ) -> subprocess.CompletedProcess:
+def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None,
+        preexec_fn=None) -> subprocess.CompletedProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "SEQMIX_LOG_DIR": str(log_dir), "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
                 "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None in env: unset it
     proc = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     return proc
 
 

@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from seqmix.cli.common import user_error_in
 from seqmix.cli.resolvers import register_resolvers
 from seqmix.cli.train import dry_run
+from seqmix.cli.user_errors import user_error_in
 from seqmix.errors import SeqmixError
 from seqmix.mixers.group import mixer_class, mixer_names
 from seqmix.models import DecoderOnly, count_parameters
@@ -241,7 +241,7 @@ def test_an_option_of_another_mixer_is_a_clear_error():
     cfg = resolve_outside_hydra(compose_train(["experiment=multi30k_transformer_cpu", "mixer=dynamicconv"]))
     with pytest.raises(Exception) as info:
         build_model(cfg.model, 320, 320, padding_idx=1)
-    assert "DynamicConv does not take ['attention_dropout']" in str(user_error_in(info.value))
+    assert "DynamicConv does not take ['attention_dropout']" in user_error_in(info.value)[1]
 
 
 @pytest.mark.parametrize("caps, precision", [({"avx2": True}, "32-true"), ({"avx512_bf16": True}, "bf16-mixed"),

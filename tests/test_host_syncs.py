@@ -13,6 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from seqmix.errors import SeqmixError
 from seqmix.models import padding
 from seqmix.progress import ProgressBar
 from tests.tasks.test_fused_loss import BATCH, tiny_task
@@ -107,7 +108,7 @@ def test_default_interval_is_every_update_on_cpu_and_50_elsewhere(tmp_path, monk
     assert bar._interval(SimpleNamespace(device=torch.device("cuda", 0))) == 50
     losses, _, shown = train(bar, 1, tmp_path, monkeypatch)
     assert [loss for _, loss in shown] == pytest.approx(losses)
-    with pytest.raises(ValueError, match="metrics_interval"):
+    with pytest.raises(SeqmixError, match="metrics_interval"):
         ProgressBar(metrics_interval=0)
 
 

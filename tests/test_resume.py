@@ -6,6 +6,7 @@ on, so the random generators must be restored too)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -21,10 +22,10 @@ BASE = [*TINY, "task.data.max_tokens=512", f"trainer.max_steps={STEPS}", "traine
         "trainer.limit_val_batches=1", "model.dropout=0.1", "+callbacks.probe._target_=tests.resume_probe.BatchProbe"]
 
 
-def train(log_dir: Path, *extra: str, kill_after: int = -1, signal_name: str = "SIGKILL"):
+def train(log_dir: Path, *extra: str, kill_after: int = -1, signal_name: str = "SIGKILL", env: dict | None = None):
     return run("train.py", [*BASE, f"+callbacks.probe.path={log_dir / 'batches.jsonl'}",
                             f"+callbacks.probe.kill_after={kill_after}", f"+callbacks.probe.signal_name={signal_name}",
-                            *extra], log_dir)
+                            *extra], log_dir, env=env)
 
 
 def batches(log_dir: Path) -> dict[int, tuple[int, list[int]]]:
@@ -95,3 +96,45 @@ def test_a_signalled_run_saves_its_state_exits_and_resumes_exactly(whole, tmp_pa
     resumed = train(tmp_path, f"ckpt_path={saved}")
     assert resumed.returncode == 0, describe(resumed)
     same_training(tmp_path, whole)
+
+
+def fake_slurm_job(tmp_path: Path, job: str) -> tuple[dict, Path]:
+    """The environment of a one-task SLURM batch job, with an ``scontrol`` on PATH that records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol_calls"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"SLURM_JOB_ID": job, "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "seqmix", "SLURM_PROCID": "0",
+           "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return env, calls
+
+def test_a_slurm_job_warned_by_sigusr1_requeues_itself_and_the_requeued_job_continues_exactly(whole, tmp_path):
+    """In a SLURM batch job, SIGUSR1 (``#SBATCH --signal=USR1@90``) ends the update, writes interrupted.ckpt in
+    runs/slurm-<job id> and runs ``scontrol requeue <job id>`` (a stand-in on PATH records it); the requeued job,
+    the same command with the same job id, continues that run by itself, on the uninterrupted run's batches."""
+    slurm, calls = fake_slurm_job(tmp_path, "4242")
+    first = train(tmp_path, kill_after=11, signal_name="SIGUSR1", env=slurm)
+    assert first.returncode == 128 + signal.SIGTERM, describe(first)
+    lines = [line for line in first.stderr.splitlines() if line.startswith("seqmix:")]
+    assert len(lines) == 1 and "SLURM job 4242 requeued" in lines[0], describe(first)
+    assert calls.read_text().split() == ["requeue", "4242"]
+    folder = tmp_path / "runs" / "slurm-4242"
+    assert torch.load(folder / "checkpoints" / "interrupted.ckpt", weights_only=False)["global_step"] == 11
+
+    requeued = train(tmp_path, env={**slurm, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, describe(requeued)
+    assert "continuing the run in" in requeued.stdout + requeued.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["slurm-4242"]
+    assert calls.read_text().split() == ["requeue", "4242"]  # nothing asked for another requeue
+    same_training(tmp_path, whole)
+
+
+def test_sigterm_in_a_slurm_job_saves_but_does_not_requeue(tmp_path):
+    """SIGTERM is what ``scancel`` sends: the state is saved, the job is not requeued."""
+    slurm, calls = fake_slurm_job(tmp_path, "77")
+    stopped = train(tmp_path, kill_after=5, signal_name="SIGTERM", env=slurm)
+    assert stopped.returncode == 128 + signal.SIGTERM, describe(stopped)
+    assert (tmp_path / "runs" / "slurm-77" / "checkpoints" / "interrupted.ckpt").is_file()
+    assert "requeue" not in stopped.stderr and not calls.exists()

@@ -10,6 +10,7 @@ import torch
 from hydra.utils import instantiate
 
 from seqmix.callbacks import LastCheckpoint
+from seqmix.errors import SeqmixError
 from seqmix.stop_min_lr import StopAtMinLR
 from seqmix.tasks.schedulers import reduce_on_plateau
 from tests.test_configs import compose_train
@@ -70,7 +71,7 @@ def test_off_by_default_and_above_the_lr(tmp_path):
 
 
 def test_negative_threshold_is_refused():
-    with pytest.raises(ValueError, match="stop_min_lr"):
+    with pytest.raises(SeqmixError, match="stop_min_lr"):
         StopAtMinLR(-1.0)
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
-import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
 from torch import nn
 
-from seqmix.errors import SeqmixError
+from seqmix.cli.user_errors import report_and_exit, user_error_in
 from seqmix.models import count_parameters
+
+_STARTED = time.time()  # when this process started (imported by the entry points first thing)
 
 
 def module_summary(model: nn.Module, depth: int = 2) -> str:
@@ -38,38 +40,35 @@ def output_dir_of(cfg: DictConfig) -> Path | None:
 
 
 def clean_failed_run(cfg: DictConfig, message: str) -> None:
-    """A failed run must not look like a valid one: drop its folder if it holds no checkpoint, else mark it."""
+    """A failed run must not look like a valid one: drop its folder if it holds no checkpoint, else mark it FAILED.
+    A folder that held files before this process started (``hydra.run.dir`` pointed at another run's) is not
+    this run's to delete or mark."""
     out = output_dir_of(cfg)
     if out is None or not out.exists():
         return
-    if any(out.rglob("*.ckpt")):
+    files = [p for p in out.rglob("*") if p.is_file()]
+    if any(p.stat().st_mtime < _STARTED and p.parent.name != ".hydra" for p in files):
+        return
+    if any(p.suffix == ".ckpt" for p in files):
         (out / "FAILED").write_text(message + "\n")
     else:
         logging.shutdown()
         shutil.rmtree(out, ignore_errors=True)
 
 
-def user_error_in(err: BaseException | None) -> SeqmixError | None:
-    """The SeqmixError behind ``err``, also when Hydra's instantiate wrapped it (errors raised while building)."""
-    while err is not None and not isinstance(err, SeqmixError):
-        err = err.__cause__ or err.__context__
-    return err
-
-
 def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig], object]:
-    """Turn a SeqmixError into one clear line on stderr and exit status 2."""
+    """Turn a user's mistake (seqmix.cli.user_errors) into one clear line on stderr and exit status 2, removing the
+    run folder it leaves (or marking it FAILED when it already holds checkpoints)."""
 
     @functools.wraps(fn)
     def wrapper(cfg: DictConfig):
         try:
             return fn(cfg)
         except Exception as raised:
-            err = user_error_in(raised)
-            if err is None:
+            found = user_error_in(raised)
+            if found is None:
                 raise
-            message = f"seqmix: error: {err}"
-            print(message, file=sys.stderr, flush=True)
-            clean_failed_run(cfg, message)
-            sys.exit(2)
+            clean_failed_run(cfg, f"seqmix: error: {found[1]}")
+            report_and_exit(found[1])
 
     return wrapper

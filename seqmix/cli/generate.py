@@ -59,12 +59,27 @@ def distill(cfg: DictConfig, train_cfg: DictConfig, sources: list[str], outputs:
     print(f"distilled data: {', '.join(str(f) for f in files)}")
 
 
+def decoding_device(name: str) -> torch.device:
+    """``auto``: the GPU when there is one; an explicit device must exist here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        raise SeqmixError(f"device={name} is not usable here ({_first_line(err)}); use device=auto or cpu") from None
+    return device
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
 def generate(cfg: DictConfig) -> float | None:
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
     if cfg.get("distill_dir") and cfg.input:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
+    device = decoding_device(cfg.device)
     task.to(device)
     sources, refs = read_inputs(cfg, train_cfg)
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}

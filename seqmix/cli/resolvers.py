@@ -8,6 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from seqmix.preemption import slurm_job_folder
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,3 +47,4 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("seqmix_root", project_root, replace=True)
     OmegaConf.register_new_resolver("seqmix_wandb_offline", wandb_offline, replace=True)
     OmegaConf.register_new_resolver("seqmix_cpu_training_precision", cpu_training_precision, replace=True)
+    OmegaConf.register_new_resolver("seqmix_slurm_job_folder", slurm_job_folder, replace=True, use_cache=True)

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from seqmix.callbacks import LastCheckpoint
-from seqmix.checkpoint import check_resumable, load_weights
+from seqmix.checkpoint import check_fits, check_resumable, load_weights, newest_resumable_in
 from seqmix.checkpoint_io import AtomicCheckpointIO
-from seqmix.cli.common import module_summary
+from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.errors import SeqmixError
 from seqmix.mixers.group import settle_mixer_choice
 from seqmix.models import count_parameters
-from seqmix.tasks.factory import build_task, task_class
+from seqmix.preemption import Preemption
+from seqmix.tasks.factory import build_task, task_class, to_container
 
 log = logging.getLogger("seqmix")
 
@@ -60,13 +59,16 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
                           "new run from a checkpoint's weights: pass one of them")
-    if cfg.get("ckpt_path"):
-        check_resumable(cfg.ckpt_path)
+    continue_run_in_its_folder(cfg)
+    resume_from = check_resumable(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
     task = build_task(cfg, datamodule.tokenizer)
+    if resume_from is not None:
+        check_fits(task, resume_from, f"ckpt_path={cfg.ckpt_path}")
+        del resume_from  # Lightning reads it again when fit starts
     if cfg.get("init_from"):
         load_weights(task, cfg.init_from)
         log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
@@ -76,12 +78,13 @@ def train(cfg: DictConfig) -> float | None:
     plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO()]}
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False,
                                      **plugins)
-    forward_sigusr1_as_sigterm()
+    preemption = Preemption(requeue=cfg.get("slurm_requeue", True))
+    preemption.install()
     try:
         try:
             trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
         except SIGTERMException:
-            stopped_by_signal(trainer)
+            stopped_by_signal(trainer, preemption)
         if trainer.interrupted:
             raise SeqmixError("training was interrupted; resume with ckpt_path=<run dir>/checkpoints/last.ckpt")
         score = None
@@ -92,21 +95,41 @@ def train(cfg: DictConfig) -> float | None:
         finish_wandb()
 
 
-def forward_sigusr1_as_sigterm() -> None:
-    """SIGUSR1 (what SLURM sends ahead of a time limit or preemption, ``--signal=USR1@90``) stops training like
-    SIGTERM: Lightning finishes the update, the state goes to interrupted.ckpt, the run exits. Under SLURM with
-    Lightning's auto-requeue, Lightning's own SIGUSR1 handler (checkpoint + requeue) is left alone."""
-    if SLURMEnvironment.detect():
+# what must match for resume=auto to continue a run: the rest (trainer limits, logging, ...) may change
+_SAME_RUN = ("task", "model", "optim", "scheduler", "seed", "label_smoothing")
+
+
+def continue_run_in_its_folder(cfg: DictConfig) -> None:
+    """``resume: auto``: a run folder that already holds a checkpoint of this run (a requeued SLURM job's
+    ``runs/slurm-<job>``, or ``hydra.run.dir`` given again) continues from its newest good checkpoint, as fairseq
+    continues from ``checkpoint_last.pt`` in its save dir."""
+    if cfg.get("ckpt_path") or cfg.get("init_from") or cfg.get("resume", "auto") == "never":
         return
-    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    if cfg.resume != "auto":
+        raise SeqmixError(f"resume must be auto or never, got {cfg.resume!r}")
+    out = output_dir_of(cfg)
+    found = newest_resumable_in(out / "checkpoints") if out is not None else None
+    if found is None:
+        return
+    path, ckpt = found
+    theirs, ours = ckpt["seqmix"].get("config") or {}, to_container(cfg)
+    differ = [key for key in _SAME_RUN if theirs.get(key) != ours.get(key)]
+    if differ:
+        raise SeqmixError(f"the run folder {out} already holds a run with other settings ({', '.join(differ)} "
+                          f"differ; its newest checkpoint is {path}): give this run its own folder "
+                          "(hydra.run.dir=...) or continue that run with its own settings")
+    log.warning("continuing the run in %s from %s (resume=auto)", out, path)
+    with open_dict(cfg):
+        cfg.ckpt_path = str(path)
 
 
-def stopped_by_signal(trainer: L.Trainer) -> None:
-    """A preempted run: one line saying where its state is and how to resume, exit status 143 (terminated)."""
+def stopped_by_signal(trainer: L.Trainer, preemption: Preemption) -> None:
+    """A preempted run: one line saying where its state is and how to resume (or that the requeued SLURM job
+    will), exit status 143 (terminated)."""
     saved = next((cb.interrupted_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), "")
     where = f"state saved to {saved}; resume with ckpt_path={saved}" if saved else "no checkpoint was written"
-    print(f"seqmix: stopped by a signal (SIGTERM or SIGUSR1) after update {trainer.global_step}: {where}",
+    requeued = preemption.requeue(trainer.is_global_zero) if saved else ""
+    print(f"seqmix: stopped by a signal (SIGTERM or SIGUSR1) after update {trainer.global_step}: {where}{requeued}",
           file=sys.stderr, flush=True)
     sys.exit(128 + signal.SIGTERM)
 

@@ -18,7 +18,9 @@ log = logging.getLogger(__name__)
 class TranslationDataModule(StoreDataModule):
     """Pairs of every configured split; one joint BPE tokenizer; scored splits (valid, test) also keep their raw
     text and references. Pairs longer than the model's positions are skipped (and counted) when a split is read,
-    so changing the model's positions never rebuilds a store."""
+    so changing the model's positions never rebuilds a store. Skipping more than ``max_skipped_fraction`` of a
+    split is an error (positions set below the data, or a misaligned corpus), not a run on what is left or a score
+    of part of a split."""
 
     TOKENIZER_DEFAULTS = {"vocab_size": 8000, "lowercase": False, "min_frequency": 2, "joint": True}
     truncate_source: int | None = None
@@ -27,7 +29,7 @@ class TranslationDataModule(StoreDataModule):
                  max_tokens: int = 4096, max_sentences: int | None = None, max_tokens_valid: int | None = None,
                  max_source_positions: int = 1024, max_target_positions: int = 1024,
                  num_workers: int = 0, cache_dir: str = "~/.cache/seqmix", seed: int = 1, chunk_size: int = 20_000,
-                 verify_store: bool = True):
+                 verify_store: bool = True, max_skipped_fraction: float = 0.01):
         super().__init__(source, splits, tokenizer, max_tokens, max_tokens_valid, num_workers, cache_dir, seed,
                          chunk_size, verify_store)
         if not self.tokenizer_cfg["joint"]:
@@ -36,6 +38,9 @@ class TranslationDataModule(StoreDataModule):
         self.max_sentences = max_sentences
         self.max_source_positions, self.max_target_positions = max_source_positions, max_target_positions
         self.num_skipped: dict[str, int] = {}
+        if not 0.0 <= max_skipped_fraction <= 1.0:
+            raise SeqmixError(f"task.data.max_skipped_fraction={max_skipped_fraction} must be between 0 and 1")
+        self.max_skipped_fraction = max_skipped_fraction
 
     # ---- the store ----------------------------------------------------------------------------------------------
 
@@ -74,10 +79,13 @@ class TranslationDataModule(StoreDataModule):
         keep, skipped = filter_by_length(whole.src_sizes, whole.tgt_sizes, self.max_source_positions,
                                          self.max_target_positions)
         self.num_skipped[split] = skipped
-        if split == "train" and len(keep) == 0:
-            raise SeqmixError(f"all {len(store)} training pairs are longer than max_source_positions="
-                              f"{self.max_source_positions} / max_target_positions={self.max_target_positions}; "
-                              "raise them")
+        if skipped > self.max_skipped_fraction * len(store) or (split == "train" and len(keep) == 0):
+            raise SeqmixError(
+                f"{skipped:,} of the {len(store):,} {split} pairs ({skipped / len(store):.1%}) are longer than "
+                f"max_source_positions={self.max_source_positions} / max_target_positions={self.max_target_positions}"
+                f" (more than max_skipped_fraction={self.max_skipped_fraction}); raise model.max_source_positions / "
+                "model.max_target_positions, check that the source and target files are aligned, or allow "
+                f"skipping them with ++task.data.max_skipped_fraction={min(1.0, 2 * skipped / len(store)):.2g}")
         if skipped:
             level = logging.INFO if split == "train" else logging.WARNING
             log.log(level, "%s: skipped %d of %d pairs longer than max_source_positions=%d / max_target_positions=%d",

@@ -27,7 +27,7 @@ class BeamOptions:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError("beam_size must be >= 1")
+            raise SeqmixError("beam_size must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import os
 
+import torch
 from torch import Tensor
 
+from seqmix.errors import SeqmixError
+
 BACKENDS = ("auto", "triton", "torch")
+NEEDS_CUDA = ("kernel_backend=triton needs a CUDA GPU (or TRITON_INTERPRET=1 for testing on CPU); use "
+              "kernel_backend=auto or torch on this machine")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_backend(name: str) -> str:
+    """Refuse at build time, not at the first batch, a backend this machine cannot run."""
     if name not in BACKENDS:
-        raise ValueError(f"kernel_backend must be one of {BACKENDS}, got {name!r}")
+        raise SeqmixError(f"kernel_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "triton" and not torch.cuda.is_available() and not _interpreting():
+        raise SeqmixError(NEEDS_CUDA)
     return name
 
 
@@ -21,9 +33,8 @@ def use_triton(backend: str, x: Tensor) -> bool:
         return False
     if backend == "auto":
         return x.is_cuda
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("kernel_backend=triton needs CUDA tensors (or TRITON_INTERPRET=1 for testing on CPU); "
-                           "use kernel_backend=auto or torch on this machine")
+    if not x.is_cuda and not _interpreting():
+        raise SeqmixError(NEEDS_CUDA)
     return True
 
 
@@ -41,7 +52,7 @@ def triton_function(backend: str, x: Tensor, module: str, name: str):
         ops = importlib.import_module(f"triton_kernels.{module}.ops")
     except ModuleNotFoundError as err:
         if backend == "triton" and err.name and err.name.startswith("triton_kernels"):
-            raise RuntimeError(f"there is no Triton kernel for {module} yet; use kernel_backend=torch or auto") from None
+            raise SeqmixError(f"there is no Triton kernel for {module} yet; use kernel_backend=torch or auto") from None
         if err.name and err.name.startswith("triton_kernels"):
             return None
         raise

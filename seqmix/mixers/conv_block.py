@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.dropout import dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.base import (
     MixerState,
     TokenMixer,
@@ -38,7 +39,7 @@ def kernel_size_for_layer(kernel_size: int | Sequence[int], layer_idx: int) -> i
         return kernel_size
     sizes = list(kernel_size)
     if layer_idx >= len(sizes):
-        raise ValueError(f"kernel_size list {sizes} has no entry for layer {layer_idx}; give one per layer")
+        raise SeqmixError(f"kernel_size list {sizes} has no entry for layer {layer_idx}; give one per layer")
     return int(sizes[layer_idx])
 
 
@@ -68,7 +69,7 @@ class ProjectedConvMixer(TokenMixer):
         super().__init__(embed_dim, causal, layer_idx)
         self.kernel_size = kernel_size_for_layer(kernel_size, layer_idx)
         if self.kernel_size < 1:
-            raise ValueError("kernel_size must be >= 1")
+            raise SeqmixError("kernel_size must be >= 1")
         self.conv_dim = conv_dim or embed_dim
         self.glu = glu
         self.input_dropout = input_dropout

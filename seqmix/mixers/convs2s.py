@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from seqmix.dropout import dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.base import TokenMixer, check_incremental_call, zero_padding
 from seqmix.mixers.conv_block import WindowState, encoder_padding, kernel_size_for_layer
@@ -63,7 +64,7 @@ class GLUConv(TokenMixer):
         self.kernel_backend = check_backend(kernel_backend)
         self.kernel_size = kernel_size_for_layer(kernel_size, layer_idx)
         if self.kernel_size < 1:
-            raise ValueError("kernel_size must be >= 1")
+            raise SeqmixError("kernel_size must be >= 1")
         self.out_dim = out_dim or embed_dim
         self.input_dropout = input_dropout
         self.pad_left = self.kernel_size - 1 if causal else encoder_padding(self.kernel_size)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from seqmix.dropout import dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.banded import banded_conv
 
@@ -20,7 +21,7 @@ class HeadConvolution(nn.Module):
                  weight_dropout: float = 0.0, kernel_backend: str = "auto") -> None:
         super().__init__()
         if channels % num_heads:
-            raise ValueError(f"conv channels {channels} must be divisible by num_heads {num_heads}")
+            raise SeqmixError(f"conv channels {channels} must be divisible by num_heads {num_heads}")
         self.channels = channels
         self.num_heads = num_heads
         self.kernel_size = kernel_size

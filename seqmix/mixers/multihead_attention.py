@@ -11,13 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.errors import SeqmixError
+
 
 class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None) -> None:
         super().__init__()
         if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+            raise SeqmixError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads

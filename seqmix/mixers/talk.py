@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqmix.dropout import dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.backend import check_backend, triton_function
 from seqmix.mixers.base import MixerState, index_select_batch
 from seqmix.mixers.conv_block import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
@@ -46,7 +47,7 @@ def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r
     bsz, length, channels = x.shape
     heads = left.size(-1)
     if channels % heads:
-        raise ValueError(f"channels {channels} not divisible by heads {heads}")
+        raise SeqmixError(f"channels {channels} not divisible by heads {heads}")
     dtype = _compute_dtype(x)
     norm = l_max + r_max + 1
     prefix = F.pad(torch.cumsum(x.to(dtype) / norm, dim=1), (0, 0, 1, 0))  # S[s] = Σ_{j<s} x_j / K
@@ -85,7 +86,7 @@ class TaLK(ProjectedConvMixer):
                  right_kernel_size: int | Sequence[int] | None = None) -> None:
         super().__init__(embed_dim, kernel_size, causal, layer_idx, glu, input_dropout, conv_dim)
         if self.conv_dim % num_heads:
-            raise ValueError(f"conv channels {self.conv_dim} must be divisible by num_heads {num_heads}")
+            raise SeqmixError(f"conv channels {self.conv_dim} must be divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.l_max = self.kernel_size
         right = self.kernel_size if right_kernel_size is None else kernel_size_for_layer(right_kernel_size, layer_idx)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.dropout import Dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.base import MixerState, TokenMixer, index_select_batch
 from seqmix.mixers.multihead_attention import MultiheadAttention
 
@@ -17,7 +18,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "swish": F
 
 def activation_fn(name: str) -> Callable[[Tensor], Tensor]:
     if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
+        raise SeqmixError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name]
 
 

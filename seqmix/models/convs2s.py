@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from seqmix.dropout import dropout
+from seqmix.errors import SeqmixError
 from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
@@ -47,18 +48,18 @@ class LayerSpec:
 def parse_layers(layers: Sequence, where: str) -> list[LayerSpec]:
     """``[[512, 3], [1024, 3, 2], ...]`` → specs, with one message naming the bad entry."""
     if not layers:
-        raise ValueError(f"{where}.layers is empty; give a list of [width, kernel] or [width, kernel, lookback]")
+        raise SeqmixError(f"{where}.layers is empty; give a list of [width, kernel] or [width, kernel, lookback]")
     specs = []
     for i, entry in enumerate(layers):
         values = list(entry) if isinstance(entry, Sequence) and not isinstance(entry, str) else None
         if values is None or len(values) not in (2, 3) or not all(isinstance(v, int) for v in values):
-            raise ValueError(f"{where}.layers[{i}] = {entry!r}: expected [width, kernel] or "
+            raise SeqmixError(f"{where}.layers[{i}] = {entry!r}: expected [width, kernel] or "
                              "[width, kernel, residual lookback] (integers)")
         spec = LayerSpec(*values)
         if spec.width < 1 or spec.kernel < 1:
-            raise ValueError(f"{where}.layers[{i}] = {entry!r}: width and kernel must be >= 1")
+            raise SeqmixError(f"{where}.layers[{i}] = {entry!r}: width and kernel must be >= 1")
         if not 0 <= spec.lookback <= i + 1:
-            raise ValueError(f"{where}.layers[{i}] = {entry!r}: residual lookback must be in 0..{i + 1} "
+            raise SeqmixError(f"{where}.layers[{i}] = {entry!r}: residual lookback must be in 0..{i + 1} "
                              "(1 = the block's input, 0 = no residual)")
         specs.append(spec)
     return specs
@@ -225,13 +226,13 @@ class ConvS2S(nn.Module):
         enc_layers, dec_layers = parse_layers(enc["layers"], "model.encoder"), parse_layers(dec["layers"], "model.decoder")
         attention = _attention_flags(dec.get("attention", True), len(dec_layers))
         if enc["embed_dim"] != dec["embed_dim"]:
-            raise ValueError(f"the decoder's embeddings meet the encoder's in the attention: model.encoder.embed_dim "
+            raise SeqmixError(f"the decoder's embeddings meet the encoder's in the attention: model.encoder.embed_dim "
                              f"({enc['embed_dim']}) must equal model.decoder.embed_dim ({dec['embed_dim']})")
 
         enc_embed = normal_embedding_(nn.Embedding(src_vocab_size, enc["embed_dim"], padding_idx=padding_idx))
         if share_all_embeddings:
             if src_vocab_size != tgt_vocab_size:
-                raise ValueError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
+                raise SeqmixError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
             dec_embed = enc_embed
         else:
             dec_embed = normal_embedding_(nn.Embedding(tgt_vocab_size, dec["embed_dim"], padding_idx=padding_idx))
@@ -245,7 +246,7 @@ class ConvS2S(nn.Module):
         self.encoder_grad_scale = 1.0 / (2.0 * sum(attention))
         if share_decoder_input_output_embed:
             if out_embed_dim != dec["embed_dim"]:
-                raise ValueError(f"share_decoder_input_output_embed needs model.decoder.out_embed_dim "
+                raise SeqmixError(f"share_decoder_input_output_embed needs model.decoder.out_embed_dim "
                                  f"({out_embed_dim}) == model.decoder.embed_dim ({dec['embed_dim']})")
             self.output_projection = None
             self.output_bias = nn.Parameter(torch.zeros(tgt_vocab_size))
@@ -289,18 +290,18 @@ def _settings(settings: dict, where: str, known: set[str]) -> dict:
     settings = dict(settings)
     unknown = set(settings) - known
     if unknown:
-        raise ValueError(f"unknown {where} settings {sorted(unknown)}; known: {sorted(known)}")
+        raise SeqmixError(f"unknown {where} settings {sorted(unknown)}; known: {sorted(known)}")
     for key in ("embed_dim", "layers"):
         if key not in settings:
-            raise ValueError(f"{where}.{key} is required")
+            raise SeqmixError(f"{where}.{key} is required")
     return settings
 
 
 def _attention_flags(attention: bool | Sequence[bool], num_layers: int) -> list[bool]:
     flags = [bool(attention)] * num_layers if isinstance(attention, bool) else [bool(a) for a in attention]
     if len(flags) != num_layers:
-        raise ValueError(f"model.decoder.attention has {len(flags)} entries for {num_layers} decoder layers; "
+        raise SeqmixError(f"model.decoder.attention has {len(flags)} entries for {num_layers} decoder layers; "
                          "give one bool, or one per layer")
     if not any(flags):
-        raise ValueError("model.decoder.attention: at least one decoder layer must attend to the source")
+        raise SeqmixError("model.decoder.attention: at least one decoder layer must attend to the source")
     return flags

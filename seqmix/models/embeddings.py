@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from seqmix.errors import SeqmixError
+
 
 def token_embedding(num_embeddings: int, embed_dim: int, padding_idx: int) -> nn.Embedding:
     """N(0, d^-1/2) init with a zero pad row, as fairseq's transformer."""
@@ -42,7 +44,7 @@ class PositionalEmbedding(nn.Module):
     def __init__(self, max_positions: int, embed_dim: int, padding_idx: int, kind: str = "sinusoidal") -> None:
         super().__init__()
         if kind not in ("sinusoidal", "learned"):
-            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {kind!r}")
+            raise SeqmixError(f"positions must be 'sinusoidal' or 'learned', got {kind!r}")
         self.kind = kind
         self.max_positions = max_positions
         self.padding_idx = padding_idx
@@ -63,7 +65,7 @@ class PositionalEmbedding(nn.Module):
         # (a host sync on GPUs)
         if offset + tokens.size(-1) > self.max_positions and positions.numel() \
                 and int(positions.max()) > self.max_positions + self.padding_idx:
-            raise ValueError(
+            raise SeqmixError(
                 f"sequence of {int(positions.max()) - self.padding_idx} tokens exceeds max positions "
                 f"{self.max_positions}; raise model max_*_positions or shorten the input"
             )

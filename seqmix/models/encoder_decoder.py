@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.errors import SeqmixError
 from seqmix.mixers.base import index_select_batch
 from seqmix.models.embeddings import token_embedding
 from seqmix.models.padding import padding_or_none
@@ -68,7 +69,7 @@ class EncoderDecoder(nn.Module):
         enc_embed = token_embedding(src_vocab_size, embed_dim, padding_idx)
         if share_all_embeddings:
             if src_vocab_size != tgt_vocab_size:
-                raise ValueError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
+                raise SeqmixError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
             dec_embed = enc_embed
         else:
             dec_embed = token_embedding(tgt_vocab_size, embed_dim, padding_idx)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqmix.errors import SeqmixError
 from seqmix.models.blocks import BlockState
 from seqmix.models.encoder_decoder import EncoderOut
 from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
@@ -50,7 +51,7 @@ class NATModel(nn.Module):
                  eos_idx: int = 2, bos_idx: int = 0, unk_idx: int = 3, name: str | None = None) -> None:
         super().__init__()
         if src_vocab_size != tgt_vocab_size:
-            raise ValueError("non-autoregressive models share one embedding table: use a joint vocabulary")
+            raise SeqmixError("non-autoregressive models share one embedding table: use a joint vocabulary")
         self.name = name
         self.padding_idx, self.eos, self.bos, self.unk = padding_idx, eos_idx, bos_idx, unk_idx
         self.vocab_size = tgt_vocab_size + self.extra_symbols

@@ -46,7 +46,7 @@ def stack_settings(settings: dict, cross_attention: bool) -> dict:
     known = _BLOCK_SETTINGS | _MIXER_SETTINGS | _CROSS_SETTINGS
     unknown = set(settings) - known
     if unknown:
-        raise ValueError(f"unknown encoder/decoder settings {sorted(unknown)}; known: {sorted(known)}")
+        raise SeqmixError(f"unknown encoder/decoder settings {sorted(unknown)}; known: {sorted(known)}")
     if cross_attention:
         settings.setdefault("cross_attention_heads", settings.get("heads") or 8)
     else:

@@ -200,7 +200,10 @@ class SeqmixTask(L.LightningModule, ABC):
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(params=self.parameters())
+        try:
+            optimizer = self.optimizer_factory(params=self.parameters())
+        except ValueError as err:  # torch's optimizers check their settings: "Invalid learning rate: -1", ...
+            raise SeqmixError(f"optim: {err}; fix that optim.* setting") from None
         if self.scheduler_factory is None:
             return optimizer
         scheduler = make_scheduler(self.scheduler_factory, optimizer,

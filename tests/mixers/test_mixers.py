@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqmix.errors import SeqmixError
 from seqmix.mixers import DynamicConv, LightConv, SelfAttention
 from seqmix.mixers.base import MixerState
 from seqmix.mixers.group import mixer_config, mixer_factory, mixer_names
@@ -292,7 +293,7 @@ def test_missing_kernel_is_a_clear_error_only_when_requested(monkeypatch):
 
     x = torch.randn(1, 4, C)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(RuntimeError, match="no Triton kernel for no_such_mixer"):
+    with pytest.raises(SeqmixError, match="no Triton kernel for no_such_mixer"):
         backend.triton_function("triton", x, "no_such_mixer", "op")
     monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
     assert backend.triton_function("auto", x, "no_such_mixer", "op") is None

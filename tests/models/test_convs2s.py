@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn.utils import parametrize
 
+from seqmix.errors import SeqmixError
 from seqmix.mixers.convs2s import GLUConv, glu_conv1d
 from seqmix.models import count_parameters
 from seqmix.models.convs2s import (
@@ -328,7 +329,7 @@ def test_tied_output_uses_the_decoder_embedding():
     ([], "is empty"),
 ])
 def test_bad_layer_specs_are_named(layers, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(SeqmixError, match=message):
         parse_layers(layers, "model.encoder")
 
 
@@ -341,7 +342,7 @@ def test_bad_layer_specs_are_named(layers, message):
     (dict(decoder=dict(embed_dim=8, layers=[[8, 3]], heads=2)), "unknown model.decoder settings"),
 ])
 def test_bad_model_settings_are_named(kw, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(SeqmixError, match=message):
         tiny(**kw)
 
 

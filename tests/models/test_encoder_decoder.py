@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from seqmix.errors import SeqmixError
 from seqmix.mixers import SelfAttention
 from seqmix.models import EncoderDecoder, count_parameters
 from seqmix.models.embeddings import make_positions, sinusoidal_table
@@ -107,10 +108,10 @@ def test_shared_embeddings_are_one_tensor():
 
 def test_too_long_input_raises_clearly():
     m = small_model(max_source_positions=8)
-    with pytest.raises(ValueError, match="max positions"):
+    with pytest.raises(SeqmixError, match="max positions"):
         m.encode(torch.randint(4, 40, (1, 12)))
 
 
 def test_unknown_stack_setting_is_rejected():
-    with pytest.raises(ValueError, match="unknown encoder/decoder settings"):
+    with pytest.raises(SeqmixError, match="unknown encoder/decoder settings"):
         small_model(encoder=dict(layers=1, ffn_dim=8, mixer=None, attention_heads=3))

@@ -51,5 +51,5 @@ def test_overrides_replace_fields_and_none_keeps_them():
     assert overridden(base, {"beam_size": 1, "len_penalty": None}, "beam search") == BeamOptions(1, max_len_b=10)
     with pytest.raises(SeqmixError, match=r"\['length_beam'\] do not apply to beam search"):
         overridden(base, {"length_beam": 3}, "beam search")
-    with pytest.raises(ValueError, match="beam_size must be >= 1"):
+    with pytest.raises(SeqmixError, match="beam_size must be >= 1"):
         overridden(base, {"beam_size": 0}, "beam search")

@@ -1,0 +1,141 @@
+"""Every mistake a user can make ends in one ``seqmix: error:`` line that says what to do, exit status 2.
+
+Three kinds reach the entry points: seqmix's own ``SeqmixError`` (bad data, checkpoints, settings), the config
+mistakes Hydra and OmegaConf catch (an unknown group choice, a misspelled key, an override that does not parse, a
+required value left out, an option a class does not take), and the file system's refusals (a full disk, an
+unwritable or impossible output folder). Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import os
+import sys
+from collections.abc import Callable
+
+from hydra.errors import InstantiationException, MissingConfigException, OverrideParseException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
+
+from seqmix.errors import SeqmixError
+
+UNKNOWN_KEY = (ConfigKeyError, ConfigAttributeError)
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+# what to do when the file system refuses a write
+FILE_SYSTEM_HINTS = {
+    errno.ENOSPC: "free some disk space or write elsewhere (hydra.run.dir=... / paths.log_dir=...)",
+    errno.EDQUOT: "free some of your disk quota or write elsewhere (hydra.run.dir=... / paths.log_dir=...)",
+    errno.EFBIG: "the file size limit (ulimit -f) was reached: raise it or write elsewhere",
+    errno.EACCES: "make it writable or choose another folder (hydra.run.dir=... / paths.log_dir=...)",
+    errno.EPERM: "make it writable or choose another folder (hydra.run.dir=... / paths.log_dir=...)",
+    errno.EROFS: "the file system is read-only: choose another folder (hydra.run.dir=... / paths.log_dir=...)",
+    errno.ENOTDIR: "part of that path is a file, not a folder: choose another path",
+    errno.EISDIR: "that path is a folder: give a file name",
+    errno.EEXIST: "a file is in the way of that folder: choose another path",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, [str(o) for o in options], n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _missing_choice(err: MissingConfigException) -> str:
+    group, _, name = (err.missing_cfg_file or "").rpartition("/")
+    if not group or not err.options:
+        return f"{_one_line(str(err).split('Config search path')[0])}; check the config name"
+    dotted = group.replace("/", ".")
+    choices = ", ".join(sorted(err.options))
+    return (f"{dotted}={name}: there is no such {dotted} config{_did_you_mean(name, err.options)}; "
+            f"choose one of: {choices}")
+
+
+def _unknown_key(err: OmegaConfBaseException, override: str | None) -> str:
+    key = err.full_key or str(err.key)
+    parent = err.parent_node
+    options = list(parent.keys()) if hasattr(parent, "keys") else []
+    leaf = key.rsplit(".", 1)[-1]
+    hint = _did_you_mean(leaf, options)
+    if hint and "." in key:
+        hint = hint.replace("mean ", f"mean {key.rsplit('.', 1)[0]}.")
+    add = f"; to add a new key write +{override}" if override else ""
+    return f"{key}: no such key in the config{hint}{add}"
+
+
+def describe(err: BaseException) -> str | None:
+    """The one-line message for a user's mistake, or None when ``err`` is not one (a bug: keep its traceback)."""
+    if isinstance(err, SeqmixError):
+        return str(err)
+    if isinstance(err, MissingConfigException):
+        return _missing_choice(err)
+    if isinstance(err, OverrideParseException):
+        detail = _one_line(str(err).replace(f"Error parsing override '{err.override}'", "").split("See http")[0])
+        return (f"cannot parse the override '{err.override}' ({detail}); quote values with spaces, brackets or "
+                f"commas, e.g. 'key=\"a b\"' (grammar: {OVERRIDE_GRAMMAR})")
+    cause = err.__cause__
+    if isinstance(err, UNKNOWN_KEY) or isinstance(cause, UNKNOWN_KEY):
+        key_err = err if isinstance(err, UNKNOWN_KEY) else cause
+        override = None
+        message = str(err)
+        if "use +" in message:  # Hydra's "To append to your config use +key=value"
+            override = message.split("use +", 1)[1].split()[0]
+        return _unknown_key(key_err, override)
+    if isinstance(err, MissingMandatoryValue):
+        return f"{err.full_key} has no value and is required: add {err.full_key}=..."
+    if isinstance(err, InstantiationException) and isinstance(cause, (TypeError, ValueError, MisconfigurationException)):
+        where = str(err).split("full_key:")[-1].strip() if "full_key:" in str(err) else "the config"
+        if isinstance(cause, TypeError):  # an option the class does not take, or a required one left out
+            return (f"{where}: {cause}; remove, rename or add that option (`python train.py --cfg job` shows the "
+                    "composed config)")
+        return f"{where}: {_one_line(str(cause))}; fix that {where}.* setting"
+    if isinstance(err, OmegaConfBaseException) or type(err).__module__.startswith("hydra."):
+        return _one_line(str(err).replace("Set the environment variable HYDRA_FULL_ERROR=1", ""))
+    if isinstance(err, OSError) and err.errno in FILE_SYSTEM_HINTS:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror or err}{where} ({FILE_SYSTEM_HINTS[err.errno]})"
+    return None
+
+
+def user_error_in(err: BaseException | None) -> tuple[BaseException, str] | None:
+    """The user's mistake behind ``err`` and its message: a SeqmixError anywhere in the chain first (Hydra's
+    instantiate and Lightning wrap the errors raised inside them), else the first link ``describe`` knows."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    for link in sorted(chain, key=lambda e: not isinstance(e, SeqmixError)):
+        message = describe(link)
+        if message is not None:
+            return link, message
+    return None
+
+
+def report_and_exit(message: str) -> None:
+    print(f"seqmix: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def run_entry_point(main: Callable[[], object]) -> None:
+    """Run a ``@hydra.main`` function so that Hydra's own errors (raised while composing the config or creating the
+    run folder, before seqmix's code runs) end like every other user error. Hydra prints its errors itself unless
+    HYDRA_FULL_ERROR is set; it is set here so they reach us, and a user who set it gets the full trace as before."""
+    user_wants_traces = os.environ.get("HYDRA_FULL_ERROR") == "1" and "SEQMIX_HYDRA_FULL_ERROR" not in os.environ
+    os.environ["HYDRA_FULL_ERROR"] = os.environ["SEQMIX_HYDRA_FULL_ERROR"] = "1"  # children (DDP ranks) too
+    try:
+        main()
+    except Exception as raised:
+        found = None if user_wants_traces else user_error_in(raised)
+        if found is None:
+            raise
+        report_and_exit(found[1])
