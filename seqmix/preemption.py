@@ -23,28 +23,39 @@ log = logging.getLogger("seqmix")
 
 
 class Preemption:
-    """Remembers whether SIGUSR1 (requeue me) rather than SIGTERM (stop) ended training."""
+    """Turns the warning signals into Lightning's graceful stop and remembers whether a requeue was asked for:
+    SIGUSR1 (``#SBATCH --signal=USR1@90``), or the signal a submitit job (``hydra/launcher=slurm``) is warned with
+    (USR2 unless SUBMITIT_PREEMPT_SIGNAL says otherwise). submitit's own handler would requeue and exit at once,
+    wherever training is; it is kept and called after the stop instead (``after_stop``): it requeues the job, which
+    reruns in the same job folder, where ``resume: auto`` continues."""
 
     def __init__(self, requeue: bool) -> None:
         self.requeue_enabled = requeue
         self.requeue_requested = False
+        self.submitit_handler = None  # (signal, submitit's handler) in a submitit job
 
     def install(self) -> None:
-        """SIGUSR1 stops training the way SIGTERM does (Lightning's handler, installed when fit starts, finishes
-        the update first); under SLURM it also asks for a requeue."""
-
-        def on_sigusr1(signum, frame) -> None:
+        def stop_then_requeue(signum, frame) -> None:
             self.requeue_requested = True
             os.kill(os.getpid(), signal.SIGTERM)
 
         if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGUSR1, on_sigusr1)
+            signal.signal(signal.SIGUSR1, stop_then_requeue)
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and self.requeue_enabled:
+            warning = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+            previous = signal.getsignal(warning)
+            if callable(previous):
+                self.submitit_handler = (warning, previous)
+                signal.signal(warning, stop_then_requeue)
 
     def requeue(self, is_global_zero: bool) -> str:
-        """Requeue the SLURM job (rank 0 only) when SIGUSR1 asked for it; what was done, for the final line."""
+        """Requeue the SLURM job (rank 0 only) when a warning signal asked for it; what was done, for the final
+        line."""
         if not (self.requeue_requested and self.requeue_enabled and on_slurm()):
             return ""
         job = slurm_job_id()
+        if self.submitit_handler is not None:
+            return f"; submitit requeues SLURM job {job}: it resumes from there by itself"
         if not is_global_zero:
             return f"; rank 0 requeues SLURM job {job}"
         try:
@@ -55,6 +66,13 @@ class Preemption:
             reason = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
             return f"; `scontrol requeue {job}` failed ({reason[0]}): resubmit the job"
         return f"; SLURM job {job} requeued: it resumes from there by itself"
+
+    def after_stop(self) -> None:
+        """In a submitit job, hand over to submitit's handler now that the state is saved (it requeues, then
+        exits)."""
+        if self.requeue_requested and self.submitit_handler is not None:
+            warning, handler = self.submitit_handler
+            handler(warning, None)
 
 
 def on_slurm() -> bool:

@@ -76,3 +76,26 @@ def test_sigusr1_becomes_sigterm_and_marks_the_request(monkeypatch):
     finally:
         signal.signal(signal.SIGUSR1, previous_usr1)
         signal.signal(signal.SIGTERM, previous_term)
+
+
+def test_in_a_submitit_job_its_warning_signal_stops_first_and_its_handler_requeues_after(monkeypatch):
+    """submitit (hydra/launcher=slurm) warns with USR2 and would requeue and exit inside the handler, wherever
+    training is: seqmix takes the signal, stops gracefully, and calls submitit's handler after the state is saved."""
+    slurm_env(monkeypatch, SUBMITIT_EXECUTOR="slurm")
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    events = []
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR2, lambda signum, frame: events.append(("submitit", signum)))
+    signal.signal(signal.SIGTERM, lambda *_: events.append(("graceful stop", signal.SIGTERM)))
+    try:
+        p = Preemption(requeue=True)
+        p.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert events == [("graceful stop", signal.SIGTERM)] and p.requeue_requested
+        assert "submitit requeues SLURM job 31" in p.requeue(is_global_zero=True)
+        p.after_stop()
+        assert events[-1] == ("submitit", signal.SIGUSR2)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

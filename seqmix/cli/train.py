@@ -131,6 +131,8 @@ def stopped_by_signal(trainer: L.Trainer, preemption: Preemption) -> None:
     requeued = preemption.requeue(trainer.is_global_zero) if saved else ""
     print(f"seqmix: stopped by a signal (SIGTERM or SIGUSR1) after update {trainer.global_step}: {where}{requeued}",
           file=sys.stderr, flush=True)
+    if saved:
+        preemption.after_stop()
     sys.exit(128 + signal.SIGTERM)
 
 
