@@ -91,7 +91,7 @@ def check_fits(task, ckpt: dict, option: str) -> None:
     every parameter name and shape must match (a silent partial load would train garbage, and Lightning's own
     refusal is a page of size mismatches)."""
     trained = ((ckpt["seqmix"].get("config") or {}).get("task") or {}).get("name")
-    own_task = (task.run_config.get("task") or {}).get("name")
+    own_task = ((getattr(task, "run_config", None) or {}).get("task") or {}).get("name")
     if trained and own_task and trained != own_task:
         raise SeqmixError(f"{option} was trained on task {trained}, this run is task {own_task}: pass "
                           f"task={trained} (and the model settings it was trained with)")

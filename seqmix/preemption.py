@@ -91,3 +91,9 @@ def slurm_job_folder(otherwise: str) -> str:
     """Resolver for hydra.run.dir: ``slurm-<job id>`` in a SLURM batch job (the same again after a requeue), else
     ``otherwise`` (the timestamp)."""
     return f"slurm-{slurm_job_id()}" if on_slurm() else otherwise
+
+
+def cluster_environment() -> list:
+    """The Trainer's cluster plugin under SLURM: Lightning's SLURM environment without its own requeue handlers
+    (seqmix's run instead; Lightning would only log that it sets them, then skip SIGUSR1, which is taken)."""
+    return [SLURMEnvironment(auto_requeue=False)] if on_slurm() else []

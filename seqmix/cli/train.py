@@ -18,7 +18,7 @@ from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.errors import SeqmixError
 from seqmix.mixers.group import settle_mixer_choice
 from seqmix.models import count_parameters
-from seqmix.preemption import Preemption
+from seqmix.preemption import Preemption, cluster_environment
 from seqmix.tasks.factory import build_task, task_class, to_container
 
 log = logging.getLogger("seqmix")
@@ -75,7 +75,7 @@ def train(cfg: DictConfig) -> float | None:
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
     callbacks = instantiate_callbacks(cfg)
-    plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO()]}
+    plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO(), *cluster_environment()]}
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False,
                                      **plugins)
     preemption = Preemption(requeue=cfg.get("slurm_requeue", True))

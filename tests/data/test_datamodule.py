@@ -22,7 +22,9 @@ def data_dir(multi30k_dir):
 
 
 def multi30k_dm(data_dir, cache_dir, **kw):
-    args = {"max_tokens": 2048, "max_source_positions": POSITIONS, "max_target_positions": POSITIONS, **kw}
+    # short positions on purpose (1.6% of the training pairs skipped): the skipping itself is tested here
+    args = {"max_tokens": 2048, "max_source_positions": POSITIONS, "max_target_positions": POSITIONS,
+            "max_skipped_fraction": 1.0, **kw}
     return TranslationDataModule(LocalParallelSource(str(data_dir), "en", "de"), "en", "de", SPLITS,
                                  {"vocab_size": 2000}, cache_dir=str(cache_dir), **args)
 
@@ -115,6 +117,17 @@ def test_rank_comes_from_trainer(dm):
     distinct = set(per_rank[0]) | set(per_rank[1])
     flat = [i for batch in distinct for i in batch]
     assert sorted(flat) == list(range(len(dm.datasets["valid"])))  # every pair in exactly one distinct batch
+
+
+def test_skipping_more_than_the_allowed_fraction_of_a_split_is_an_error(data_dir, cache_dir):
+    """Positions below the data (or a misaligned corpus) must not train on what is left, silently."""
+    module = multi30k_dm(data_dir, cache_dir, max_skipped_fraction=0.01)
+    with pytest.raises(SeqmixError, match=r"of the 29,000 train pairs \(1\.6%\) are longer than max_source_positions="
+                                          r"40.*max_skipped_fraction=0\.01"):
+        module.setup()
+    allowed = multi30k_dm(data_dir, cache_dir, max_skipped_fraction=0.05)
+    allowed.setup()
+    assert 0.01 * 29_000 < allowed.num_skipped["train"] <= 0.05 * 29_000
 
 
 def test_skipped_eval_pairs_are_logged_as_warning(data_dir, cache_dir, caplog):
