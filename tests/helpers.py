@@ -40,3 +40,18 @@ def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: di
 
 def describe(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def fake_scontrol(folder: Path) -> tuple[Path, Path, Path]:
+    """A stand-in ``scontrol`` in ``folder/bin`` (put it on PATH) that appends its arguments to ``calls`` and exits
+    with the status written in ``status`` (0 at first; otherwise it says ``scontrol: error: denied``).
+    Returns (bin folder, calls, status)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls, status = folder / "scontrol_calls", folder / "scontrol_status"
+    status.write_text("0")
+    script = bin_dir / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncode=$(cat {status})\n'
+                      f'[ "$code" = 0 ] || echo "scontrol: error: denied" >&2\nexit $code\n')
+    script.chmod(0o755)
+    return bin_dir, calls, status

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from seqmix.preemption import Preemption, slurm_job_folder, slurm_job_id
+from tests.helpers import fake_scontrol
 
 BATCH_JOB = {"SLURM_JOB_ID": "31", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}
 
@@ -15,12 +16,8 @@ BATCH_JOB = {"SLURM_JOB_ID": "31", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train
 @pytest.fixture
 def scontrol(tmp_path, monkeypatch):
     """An ``scontrol`` on PATH that records its arguments and exits with the status written to ``status``."""
-    calls, status = tmp_path / "calls", tmp_path / "status"
-    status.write_text("0")
-    script = tmp_path / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "scontrol: error: denied" >&2\nexit $(cat {status})\n')
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    bin_dir, calls, status = fake_scontrol(tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return calls, status
 
 

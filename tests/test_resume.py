@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import TINY, describe, run
+from tests.helpers import TINY, describe, fake_scontrol, run
 
 pytestmark = pytest.mark.slow
 
@@ -100,11 +100,7 @@ def test_a_signalled_run_saves_its_state_exits_and_resumes_exactly(whole, tmp_pa
 
 def fake_slurm_job(tmp_path: Path, job: str) -> tuple[dict, Path]:
     """The environment of a one-task SLURM batch job, with an ``scontrol`` on PATH that records its arguments."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "scontrol_calls"
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
-    (bin_dir / "scontrol").chmod(0o755)
+    bin_dir, calls, _ = fake_scontrol(tmp_path)
     env = {"SLURM_JOB_ID": job, "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "seqmix", "SLURM_PROCID": "0",
            "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

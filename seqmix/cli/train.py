@@ -12,7 +12,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, open_dict
 
 from seqmix.callbacks import LastCheckpoint
-from seqmix.checkpoint import check_fits, check_resumable, load_weights, newest_resumable_in
+from seqmix.checkpoint import (
+    check_fits,
+    check_resumable,
+    load_weights,
+    newest_resumable_in,
+    remove_orphaned_writes,
+)
 from seqmix.checkpoint_io import AtomicCheckpointIO
 from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.errors import SeqmixError
@@ -59,8 +65,9 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
                           "new run from a checkpoint's weights: pass one of them")
-    continue_run_in_its_folder(cfg)
-    resume_from = check_resumable(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    resume_from = continue_run_in_its_folder(cfg)
+    if resume_from is None and cfg.get("ckpt_path"):
+        resume_from = check_resumable(cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.task.data, _convert_="all")
@@ -99,18 +106,22 @@ def train(cfg: DictConfig) -> float | None:
 _SAME_RUN = ("task", "model", "optim", "scheduler", "seed", "label_smoothing")
 
 
-def continue_run_in_its_folder(cfg: DictConfig) -> None:
+def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
     """``resume: auto``: a run folder that already holds a checkpoint of this run (a requeued SLURM job's
     ``runs/slurm-<job>``, or ``hydra.run.dir`` given again) continues from its newest good checkpoint, as fairseq
-    continues from ``checkpoint_last.pt`` in its save dir."""
+    continues from ``checkpoint_last.pt`` in its save dir. Sets ``cfg.ckpt_path`` and returns the loaded
+    checkpoint (None when there is nothing to continue)."""
     if cfg.get("ckpt_path") or cfg.get("init_from") or cfg.get("resume", "auto") == "never":
-        return
+        return None
     if cfg.resume != "auto":
         raise SeqmixError(f"resume must be auto or never, got {cfg.resume!r}")
     out = output_dir_of(cfg)
-    found = newest_resumable_in(out / "checkpoints") if out is not None else None
+    if out is None:
+        return None
+    remove_orphaned_writes(out / "checkpoints")
+    found = newest_resumable_in(out / "checkpoints")
     if found is None:
-        return
+        return None
     path, ckpt = found
     theirs, ours = ckpt["seqmix"].get("config") or {}, to_container(cfg)
     differ = [key for key in _SAME_RUN if theirs.get(key) != ours.get(key)]
@@ -121,6 +132,7 @@ def continue_run_in_its_folder(cfg: DictConfig) -> None:
     log.warning("continuing the run in %s from %s (resume=auto)", out, path)
     with open_dict(cfg):
         cfg.ckpt_path = str(path)
+    return ckpt
 
 
 def stopped_by_signal(trainer: L.Trainer, preemption: Preemption) -> None:
