@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from itertools import chain
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -28,15 +29,20 @@ from tokenizers import Tokenizer as _HFTokenizer
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
 
+if TYPE_CHECKING:
+    from seqmix.data.moses_subword import MosesSubwordTokenizer
+
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0,1,2,3 (fairseq order)
 _FORMAT = "seqmix-bpe-v1"  # bump when the pipeline below changes, so old caches are not reused
 _FORMATS = {"bpe": _FORMAT, "word": "seqmix-word-v1"}
+_MOSES_SUBWORD_FORMAT = "seqmix-moses-subword-v1"  # seqmix.data.moses_subword.FORMAT (not imported: no cycle)
 
 
 class Tokenizer:
     """Text <-> ids, with the special ids a seq2seq model needs."""
 
     bos, pad, eos, unk = 0, 1, 2, 3
+    joint = True  # one vocabulary for source and target (MosesSubwordTokenizer may have two)
 
     def __init__(self, hf: _HFTokenizer, lowercase: bool, kind: str = "bpe"):
         for i, tok in enumerate(SPECIALS):
@@ -54,6 +60,21 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Like :meth:`encode`, parallelized in Rust."""
         return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side ids: the same as :meth:`encode` (one joint vocabulary)."""
+        return self.encode(text)
+
+    def encode_target_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encode_batch(texts)
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.vocab_size
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(every id of every text in one int64 array, each text's size): a chunk of a corpus ready for a token
@@ -88,12 +109,18 @@ class Tokenizer:
                            "hf": json.loads(self._hf.to_str())})
 
     @classmethod
-    def from_json(cls, s: str) -> Tokenizer:
+    def from_json(cls, s: str) -> Tokenizer | MosesSubwordTokenizer:
+        """Either kind: the JSON's "format" picks the class (fairseq-style tokenizers live in moses_subword)."""
         data = json.loads(s)
+        if isinstance(data, dict) and data.get("format") == _MOSES_SUBWORD_FORMAT:
+            # imported here: no import cycle, and sacremoses/subword-nmt load only when this kind is used
+            from seqmix.data.moses_subword import MosesSubwordTokenizer
+
+            return MosesSubwordTokenizer.from_json(s)
         kinds = {v: k for k, v in _FORMATS.items()}
         if not isinstance(data, dict) or data.get("format") not in kinds:
-            raise SeqmixError(f"not a seqmix tokenizer file ({' or '.join(kinds)}); delete it so the tokenizer "
-                              "is retrained")
+            raise SeqmixError(f"not a seqmix tokenizer file ({' or '.join([*kinds, _MOSES_SUBWORD_FORMAT])}); "
+                              "delete it so the tokenizer is retrained")
         return cls(_HFTokenizer.from_str(json.dumps(data["hf"])), lowercase=bool(data["lowercase"]),
                    kind=kinds[data["format"]])
 
@@ -101,7 +128,7 @@ class Tokenizer:
         atomic_write_text(path, self.to_json())
 
     @classmethod
-    def load(cls, path) -> Tokenizer:
+    def load(cls, path) -> Tokenizer | MosesSubwordTokenizer:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:

@@ -1,0 +1,1 @@
+"""Bridges to other toolkits: fairseq checkpoints, dictionaries and BPE, in and out."""
