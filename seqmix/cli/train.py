@@ -104,6 +104,18 @@ def train(cfg: DictConfig) -> float | None:
 
 # what must match for resume=auto to continue a run: the rest (trainer limits, logging, ...) may change
 _SAME_RUN = ("task", "model", "optim", "scheduler", "seed", "label_smoothing")
+# model settings added after runs were written: a checkpoint without one was trained with this value
+_ADDED_MODEL_SETTINGS = {"decoder_start": "bos"}
+
+
+def _with_added_settings(theirs: dict, ours: dict) -> dict:
+    """``theirs`` (a checkpoint's config) with the model settings that ``ours`` has and it predates, at the value it
+    was trained with, so a run written before a setting existed still continues."""
+    model, own = theirs.get("model"), ours.get("model")
+    if not isinstance(model, dict) or not isinstance(own, dict):
+        return theirs
+    added = {k: v for k, v in _ADDED_MODEL_SETTINGS.items() if k in own and k not in model}
+    return {**theirs, "model": {**model, **added}} if added else theirs
 
 
 def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
@@ -123,7 +135,8 @@ def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
     if found is None:
         return None
     path, ckpt = found
-    theirs, ours = ckpt["seqmix"].get("config") or {}, to_container(cfg)
+    ours = to_container(cfg)
+    theirs = _with_added_settings(ckpt["seqmix"].get("config") or {}, ours)
     differ = [key for key in _SAME_RUN if theirs.get(key) != ours.get(key)]
     if differ:
         raise SeqmixError(f"the run folder {out} already holds a run with other settings ({', '.join(differ)} "

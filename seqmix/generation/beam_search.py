@@ -56,7 +56,7 @@ def beam_encoder_out(model, encoder_out, k: int):
 class _Beams:
     """A batch's search state: ``k`` live rows per sentence (row ``b * k + j``) and its finished hypotheses."""
 
-    tokens: Tensor  # (B * k, steps + 2): bos, the tokens generated so far, pads
+    tokens: Tensor  # (B * k, steps + 2): the start symbol, the tokens generated so far, pads
     pos_scores: Tensor  # (B * k, steps + 1): log-probability of each generated token
     cum: Tensor  # (B, k): cumulative log-probability of each live row
     done: Tensor  # (B,): the sentence has stopped
@@ -67,11 +67,15 @@ class _Beams:
 
 
 class BeamSearch:
-    """Beam search with ``options`` (:class:`BeamOptions`; keyword ``settings`` replace its fields)."""
+    """Beam search with ``options`` (:class:`BeamOptions`; keyword ``settings`` replace its fields).
+
+    ``start``: the decoder's first input, the symbol the model was trained with behind the target (``bos`` when
+    None; fairseq's models use eos). bos is never an output either way."""
 
     def __init__(self, bos: int, eos: int, pad: int, options: BeamOptions | None = None, incremental: bool = True,
-                 max_target_positions: int | None = None, **settings) -> None:
+                 max_target_positions: int | None = None, start: int | None = None, **settings) -> None:
         self.bos, self.eos, self.pad = bos, eos, pad
+        self.start = bos if start is None else start
         self.options = replace(options or BeamOptions(), **settings)
         self.incremental = incremental
         self.max_target_positions = max_target_positions
@@ -127,13 +131,14 @@ class BeamSearch:
         return keep, rows
 
     def _start(self, src_tokens: Tensor) -> _Beams:
-        """Every row holds bos; at step 0 the k rows of a sentence are the same prefix, so only one is live."""
+        """Every row holds the start symbol; at step 0 the k rows of a sentence are the same prefix, so only one is
+        live."""
         bsz, k = src_tokens.size(0), self.options.beam_size
         device = src_tokens.device
         min_len, max_len = self.length_bounds(src_tokens)
         steps = int(max_len.max())
         tokens = torch.full((bsz * k, steps + 2), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = self.bos
+        tokens[:, 0] = self.start
         cum = torch.zeros(bsz, k, device=device)
         cum[:, 1:] = -math.inf
         return _Beams(tokens, torch.zeros(bsz * k, steps + 1, device=device), cum,

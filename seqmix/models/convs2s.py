@@ -31,7 +31,7 @@ from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
-from seqmix.models.encoder_decoder import EncoderOut
+from seqmix.models.encoder_decoder import EncoderOut, check_decoder_start
 from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState
 
@@ -215,9 +215,10 @@ class ConvS2S(nn.Module):
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int, encoder: dict, decoder: dict,
                  dropout: float = 0.1, max_source_positions: int = 1024, max_target_positions: int = 1024,
                  share_all_embeddings: bool = False, share_decoder_input_output_embed: bool = False,
-                 name: str | None = None, kernel_backend: str = "auto") -> None:
+                 name: str | None = None, kernel_backend: str = "auto", decoder_start: str = "bos") -> None:
         super().__init__()
         self.name = name
+        self.decoder_start = check_decoder_start(decoder_start)
         self.padding_idx = padding_idx
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions

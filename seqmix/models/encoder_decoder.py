@@ -18,6 +18,16 @@ from seqmix.models.embeddings import token_embedding
 from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState, Stack, stack_settings
 
+DECODER_STARTS = ("bos", "eos")
+
+
+def check_decoder_start(decoder_start: str) -> str:
+    """The first decoder input while training and decoding: ``bos`` (seqmix's default) or ``eos`` (what fairseq's
+    models are trained with, so imported fairseq models need it)."""
+    if decoder_start not in DECODER_STARTS:
+        raise SeqmixError(f"model.decoder_start must be one of {list(DECODER_STARTS)}, got {decoder_start!r}")
+    return decoder_start
+
 
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (tied embeddings count once)."""
@@ -61,9 +71,10 @@ class EncoderDecoder(nn.Module):
                  encoder: dict, decoder: dict, dropout: float = 0.1, positions: str = "sinusoidal",
                  max_source_positions: int = 1024, max_target_positions: int = 1024,
                  share_all_embeddings: bool = False, share_decoder_input_output_embed: bool = True,
-                 scale_embedding: bool = True, name: str | None = None) -> None:
+                 scale_embedding: bool = True, name: str | None = None, decoder_start: str = "bos") -> None:
         super().__init__()
         self.name = name
+        self.decoder_start = check_decoder_start(decoder_start)
         self.padding_idx = padding_idx
         enc_settings, dec_settings = stack_settings(encoder, False), stack_settings(decoder, True)
         enc_embed = token_embedding(src_vocab_size, embed_dim, padding_idx)

@@ -90,8 +90,10 @@ class SeqmixTask(L.LightningModule, ABC):
     # --- construction from the run config ---------------------------------------------------------
     @classmethod
     @abstractmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
-        """The task's model for the run config ``cfg``."""
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
+                    source_vocab_size: int | None = None) -> nn.Module:
+        """The task's model for the run config ``cfg``: ``vocab_size`` is the output (target) vocabulary,
+        ``source_vocab_size`` the encoder's where it has its own (None: the same vocabulary)."""
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:

@@ -25,7 +25,10 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
     """The configured task around ``model`` (built from the config when None)."""
     cls = task_class(cfg)
     if model is None:
-        model = cls.build_model(cfg, tokenizer.vocab_size, tokenizer.pad)
+        # separate source/target vocabularies (fairseq dictionaries) where the tokenizer has them
+        source = getattr(tokenizer, "source_vocab_size", tokenizer.vocab_size)
+        target = getattr(tokenizer, "target_vocab_size", tokenizer.vocab_size)
+        model = cls.build_model(cfg, target, tokenizer.pad, source_vocab_size=source)
     factory = instantiate(cfg.task.module)  # a partial: the run config must reach it uninstantiated
     task = factory(model=model, tokenizer=tokenizer, optimizer=instantiate(cfg.optim),
                    scheduler=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,

@@ -56,7 +56,9 @@ class LanguageModelingTask(SeqmixTask):
         self.tokens_per_sample, self.break_mode, self.eval_context = tokens_per_sample, break_mode, eval_context
 
     @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
+                    source_vocab_size: int | None = None) -> nn.Module:
+        """One vocabulary (``source_vocab_size`` has no meaning for a language model and is ignored)."""
         return instantiate(decoder_only_spec(cfg, vocab_size, padding_idx))
 
     @classmethod

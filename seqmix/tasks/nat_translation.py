@@ -43,13 +43,14 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         self.nat = (nat or NATOptions()).for_model(model)  # fails early on settings the model cannot decode with
 
     @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
+                    source_vocab_size: int | None = None) -> nn.Module:
         """The DisCo / CMLM preset; only on parallel (source, target) data."""
         data = get_class(cfg.task.data._target_)
         if not issubclass(data, TranslationDataModule):
             raise SeqmixError(f"model={cfg.model.name} is a non-autoregressive translation model; task="
                               f"{cfg.task.name} reads {data.__name__}, not parallel data: choose a translation task")
-        return super().build_model(cfg, vocab_size, padding_idx)
+        return super().build_model(cfg, vocab_size, padding_idx, source_vocab_size)
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:

@@ -36,9 +36,11 @@ class TranslationTask(SeqmixTask):
         self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
 
     @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int) -> nn.Module:
-        """The model preset as configured; source and target share one (joint) vocabulary."""
-        return build_model(cfg.model, vocab_size, vocab_size, padding_idx)
+    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
+                    source_vocab_size: int | None = None) -> nn.Module:
+        """The model preset as configured for a target vocabulary of ``vocab_size`` and a source vocabulary of
+        ``source_vocab_size`` (None: one joint vocabulary, the same size)."""
+        return build_model(cfg.model, source_vocab_size or vocab_size, vocab_size, padding_idx)
 
     @classmethod
     def options_from_config(cls, cfg: DictConfig) -> dict:
@@ -48,11 +50,27 @@ class TranslationTask(SeqmixTask):
             options["fused_loss"] = bool(cfg.get("fused_loss", False))
         return options
 
+    @property
+    def decoder_start(self) -> int:
+        """The decoder's first input id: bos, or eos for models trained as fairseq's (``model.decoder_start``)."""
+        return self.tokenizer.eos if getattr(self.model, "decoder_start", "bos") == "eos" else self.tokenizer.bos
+
+    def decoder_inputs(self, batch: dict) -> Tensor:
+        """``prev_output_tokens`` starting with the model's start symbol: the collate functions put bos in column 0
+        of every row (targets shifted right, right-padded), which an eos-start model replaces."""
+        prev = batch["prev_output_tokens"]
+        start = self.decoder_start
+        if start == self.tokenizer.bos or prev.numel() == 0:
+            return prev
+        prev = prev.clone()
+        prev[:, 0] = start
+        return prev
+
     # --- training ------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Summed label-smoothed loss and nll, and the target token count. With ``fused_loss`` and a model that
         exposes ``decode_features`` and ``output_weight``, the (tokens x vocabulary) logits are never built."""
-        model, inputs = self.model, (batch["src_tokens"], batch["prev_output_tokens"])
+        model, inputs = self.model, (batch["src_tokens"], self.decoder_inputs(batch))
         if self.fused_loss and hasattr(model, "decode_features") and hasattr(model, "output_weight"):
             features = self.compiled("features", self.decoder_features)(*inputs)
             return projected_label_smoothed_loss(features, model.output_weight(), batch["target"],
@@ -71,7 +89,8 @@ class TranslationTask(SeqmixTask):
         options = overridden(self.generation, overrides, f"{type(self).__name__}'s beam search")
         tok = self.tokenizer
         return BeamSearch(tok.bos, tok.eos, tok.pad, options,
-                          max_target_positions=getattr(self.model, "max_target_positions", None))
+                          max_target_positions=getattr(self.model, "max_target_positions", None),
+                          start=self.decoder_start)
 
     def translator(self, **overrides) -> Translate:
         """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""

@@ -108,3 +108,20 @@ def test_ban_repeated_ngrams_unit():
     lprobs = torch.zeros(1, 10)
     ban_repeated_ngrams(lprobs, torch.tensor([[5, 6, 7, 5, 6]]), 3)
     assert lprobs[0, 7] == float("-inf") and torch.isfinite(lprobs[0, torch.arange(10) != 7]).all()
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_starts_from_the_given_start_symbol(model, beam):
+    """``start`` (eos for fairseq-trained models) is the first decoder input; bos stays banned as an output; the
+    scores are those of the start-prefixed teacher-forced pass."""
+    src = src_batch()
+    out = BeamSearch(bos=BOS, eos=EOS, pad=PAD, beam_size=beam, max_len_b=5, len_penalty=0.0, start=EOS).generate(
+        model, src)
+    for i, hyps in enumerate(out):
+        for h in hyps:
+            assert BOS not in h.tokens.tolist()
+            prev = torch.cat([torch.tensor([EOS]), h.tokens[:-1]]).unsqueeze(0)
+            with torch.no_grad():
+                lprobs = torch.log_softmax(model(src[i: i + 1], prev)[0].float(), dim=-1)
+            expected = lprobs.gather(1, h.tokens.unsqueeze(1)).squeeze(1)
+            torch.testing.assert_close(h.positional_scores, expected, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,151 @@
+"""fairseq's registered translation architectures and their defaults, so an imported checkpoint's settings are
+complete even when its ``args``/``cfg`` only holds what differed from them (old checkpoints, ``--arch`` presets).
+
+Each architecture is a list of settings applied in order, a value only where the checkpoint lacks it: the
+architecture's own values first, then its parent's, then the family's base (fairseq's ``base_architecture``
+functions read ``getattr(args, name, default)`` the same way). Derived defaults (decoder width = encoder width, conv
+width = embedding width, ...) are filled last, from the then complete settings. Values were read from fairseq's
+``transformer_legacy.py``, ``lightconv.py`` and ``fconv.py`` (see /work/notes/fairseq_interop_facts.md §3.5, §4.1,
+§5.5); the lightconv conv types and ``weight_softmax`` come from its argparse defaults, not its architectures.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+from seqmix.errors import SeqmixError
+
+TRANSFORMER_BASE = {
+    "encoder_embed_dim": 512, "encoder_ffn_embed_dim": 2048, "encoder_layers": 6, "encoder_attention_heads": 8,
+    "encoder_normalize_before": False, "encoder_learned_pos": False, "decoder_layers": 6,
+    "decoder_attention_heads": 8, "decoder_normalize_before": False, "decoder_learned_pos": False,
+    "attention_dropout": 0.0, "activation_dropout": 0.0, "relu_dropout": 0.0, "activation_fn": "relu", "dropout": 0.1,
+    "adaptive_softmax_cutoff": None, "share_decoder_input_output_embed": False, "share_all_embeddings": False,
+    "no_token_positional_embeddings": False, "adaptive_input": False, "no_cross_attention": False,
+    "cross_self_attention": False, "no_scale_embedding": False, "layernorm_embedding": False,
+    "tie_adaptive_weights": False, "no_decoder_final_norm": False, "max_source_positions": 1024,
+    "max_target_positions": 1024,
+}
+_VASWANI_BIG = {"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096, "encoder_attention_heads": 16,
+                "encoder_normalize_before": False, "decoder_embed_dim": 1024, "decoder_ffn_embed_dim": 4096,
+                "decoder_attention_heads": 16, "dropout": 0.3}
+
+LIGHTCONV_BASE = {
+    "encoder_embed_dim": 512, "encoder_ffn_embed_dim": 2048, "encoder_layers": 7, "encoder_attention_heads": 8,
+    "encoder_normalize_before": False, "encoder_learned_pos": False, "decoder_layers": 6,
+    "decoder_attention_heads": 8, "decoder_normalize_before": False, "decoder_learned_pos": False,
+    "attention_dropout": 0.0, "relu_dropout": 0.0, "dropout": 0.1, "adaptive_softmax_cutoff": None,
+    "share_decoder_input_output_embed": False, "share_all_embeddings": False,
+    "no_token_positional_embeddings": False, "encoder_kernel_size_list": [3, 7, 15, 31, 31, 31, 31],
+    "decoder_kernel_size_list": [3, 7, 15, 31, 31, 31], "encoder_glu": True, "decoder_glu": True,
+    "input_dropout": 0.1, "encoder_conv_type": "dynamic", "decoder_conv_type": "dynamic", "weight_softmax": True,
+    "max_source_positions": 1024, "max_target_positions": 1024,
+}
+_LIGHTCONV_BIG = {"attention_dropout": 0.1, "encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096,
+                  "encoder_attention_heads": 16, "encoder_normalize_before": False, "decoder_embed_dim": 1024,
+                  "decoder_ffn_embed_dim": 4096, "decoder_attention_heads": 16, "dropout": 0.3}
+
+FCONV_BASE = {
+    "dropout": 0.1, "encoder_embed_dim": 512, "encoder_layers": "[(512, 3)] * 20", "decoder_embed_dim": 512,
+    "decoder_layers": "[(512, 3)] * 20", "decoder_out_embed_dim": 256, "decoder_attention": "True",
+    "share_input_output_embed": False, "max_source_positions": 1024, "max_target_positions": 1024,
+}
+
+# architecture name -> (family, settings in the order they apply; the family's base comes last)
+ARCHITECTURES: dict[str, tuple[str, list[dict]]] = {
+    "transformer": ("transformer", []),
+    "transformer_wmt_en_de": ("transformer", []),
+    "transformer_tiny": ("transformer", [{"encoder_embed_dim": 64, "encoder_ffn_embed_dim": 64, "encoder_layers": 2,
+                                          "encoder_attention_heads": 2, "decoder_layers": 2,
+                                          "decoder_attention_heads": 2}]),
+    "transformer_iwslt_de_en": ("transformer", [{
+        "encoder_embed_dim": 512, "encoder_ffn_embed_dim": 1024, "encoder_attention_heads": 4, "encoder_layers": 6,
+        "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 1024, "decoder_attention_heads": 4, "decoder_layers": 6}]),
+    "transformer_vaswani_wmt_en_de_big": ("transformer", [_VASWANI_BIG]),
+    "transformer_vaswani_wmt_en_fr_big": ("transformer", [{"dropout": 0.1}, _VASWANI_BIG]),
+    "transformer_wmt_en_de_big": ("transformer", [{"attention_dropout": 0.1}, _VASWANI_BIG]),
+    "transformer_wmt_en_de_big_t2t": ("transformer", [{
+        "encoder_normalize_before": True, "decoder_normalize_before": True, "attention_dropout": 0.1,
+        "activation_dropout": 0.1}, _VASWANI_BIG]),
+    "lightconv": ("lightconv", []),
+    "lightconv_wmt_en_de": ("lightconv", []),
+    "lightconv_iwslt_de_en": ("lightconv", [{
+        "encoder_embed_dim": 512, "encoder_ffn_embed_dim": 1024, "encoder_attention_heads": 4, "encoder_layers": 7,
+        "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 1024, "decoder_attention_heads": 4, "decoder_layers": 6,
+        "attention_dropout": 0.1, "weight_dropout": 0.1, "encoder_glu": False, "decoder_glu": False,
+        "input_dropout": 0.0}]),
+    "lightconv_wmt_en_de_big": ("lightconv", [_LIGHTCONV_BIG]),
+    "lightconv_wmt_en_fr_big": ("lightconv", [{"dropout": 0.1}, _LIGHTCONV_BIG]),
+    "lightconv_wmt_zh_en_big": ("lightconv", [{"dropout": 0.2, "attention_dropout": 0.2, "weight_dropout": 0.2},
+                                              _LIGHTCONV_BIG]),
+    "fconv": ("fconv", []),
+    "fconv_wmt_en_ro": ("fconv", [{"decoder_out_embed_dim": 512}]),
+    "fconv_iwslt_de_en": ("fconv", [{"encoder_embed_dim": 256, "encoder_layers": "[(256, 3)] * 4",
+                                     "decoder_embed_dim": 256, "decoder_layers": "[(256, 3)] * 3",
+                                     "decoder_out_embed_dim": 256}]),
+    "fconv_wmt_en_de": ("fconv", [{
+        "encoder_embed_dim": 768, "encoder_layers": "[(512, 3)] * 9 + [(1024, 3)] * 4 + [(2048, 1)] * 2",
+        "decoder_embed_dim": 768, "decoder_layers": "[(512, 3)] * 9 + [(1024, 3)] * 4 + [(2048, 1)] * 2",
+        "decoder_out_embed_dim": 512}]),
+    "fconv_wmt_en_fr": ("fconv", [{
+        "encoder_embed_dim": 768,
+        "encoder_layers": "[(512, 3)] * 6 + [(768, 3)] * 4 + [(1024, 3)] * 3 + [(2048, 1)] * 1 + [(4096, 1)] * 1",
+        "decoder_embed_dim": 768,
+        "decoder_layers": "[(512, 3)] * 6 + [(768, 3)] * 4 + [(1024, 3)] * 3 + [(2048, 1)] * 1 + [(4096, 1)] * 1",
+        "decoder_out_embed_dim": 512}]),
+}
+BASES = {"transformer": TRANSFORMER_BASE, "lightconv": LIGHTCONV_BASE, "fconv": FCONV_BASE}
+
+
+def family_of(arch: str) -> str:
+    if arch not in ARCHITECTURES:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise SeqmixError(f"fairseq architecture {arch!r} is not one seqmix imports (known: {known})")
+    return ARCHITECTURES[arch][0]
+
+
+def complete_settings(arch: str, given: dict) -> dict:
+    """``given`` with every setting the architecture defines filled in where it is missing (or None)."""
+    family, layers = ARCHITECTURES[arch][0], ARCHITECTURES[arch][1]
+    settings = {k: v for k, v in given.items() if v is not None}
+    for defaults in [*layers, BASES[family]]:
+        for key, value in defaults.items():
+            settings.setdefault(key, value)
+    derived = {"decoder_embed_dim": "encoder_embed_dim"}
+    if family != "fconv":
+        derived.update(decoder_ffn_embed_dim="encoder_ffn_embed_dim", decoder_output_dim="decoder_embed_dim",
+                       decoder_input_dim="decoder_embed_dim")
+    if family == "lightconv":
+        derived.update(encoder_conv_dim="encoder_embed_dim", decoder_conv_dim="decoder_embed_dim",
+                       weight_dropout="attention_dropout")
+    for key, source in derived.items():  # in order: decoder_embed_dim first, the dims derived from it after
+        settings.setdefault(key, settings[source])
+    return settings
+
+
+_BINARY = {ast.Mult: operator.mul, ast.Add: operator.add}
+
+
+def eval_spec(text):
+    """fairseq's layer specs are Python expressions (``'[(512, 3)] * 9 + [(1024, 3)] * 4'``, ``'True'``): evaluate
+    literals, ``*`` and ``+`` only, never arbitrary code from a checkpoint."""
+    if not isinstance(text, str):
+        return text
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = [walk(e) for e in node.elts]
+            return items if isinstance(node, ast.List) else tuple(items)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            return _BINARY[type(node.op)](walk(node.left), walk(node.right))
+        raise SeqmixError(f"cannot read the fairseq setting {text!r} (only literals, * and + are evaluated)")
+
+    try:
+        return walk(ast.parse(text.strip(), mode="eval"))
+    except SyntaxError:
+        raise SeqmixError(f"cannot read the fairseq setting {text!r}: not a Python literal") from None

@@ -1,0 +1,134 @@
+"""seqmix models through fairseq's format and back: a model built and saved the way training saves it, exported and
+re-imported, holds the same weights and decodes to identical hypotheses; what fairseq cannot express is refused;
+``python -m seqmix.interop.fairseq import`` + ``generate.py input=`` translate with an imported model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from seqmix.checkpoint import load_task
+from seqmix.cli.resolvers import register_resolvers
+from seqmix.data.tokenizer import train_tokenizer
+from seqmix.errors import SeqmixError
+from seqmix.interop.fairseq import export_checkpoint, import_checkpoint
+from seqmix.interop.fairseq_models import family_for_seqmix
+from seqmix.mixers.group import settle_mixer_choice
+from seqmix.tasks.factory import build_task
+from tests.helpers import ROOT
+from tests.interop.fairseq_builders import cfg_container, transformer_state, write_dicts
+
+register_resolvers()
+
+TINY = ["model.embed_dim=16", "model.encoder.layers=2", "model.decoder.layers=2", "model.encoder.ffn_dim=32",
+        "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
+        "model.decoder.cross_attention_heads=2", "model.dropout=0.0"]
+SENTENCES = ["a small dog runs", "two dogs run on the grass", "the cat sleeps", "a man rides a bike",
+             "the dog and the cat play", "people walk in the park"]
+
+
+def composed(overrides: list[str]):
+    from hydra.core.hydra_config import HydraConfig
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["logger=csv", *overrides], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    settle_mixer_choice(cfg)
+    with open_dict(cfg):  # what a run's checkpoint stores: the config without Hydra's own node
+        del cfg["hydra"]
+        cfg.paths.output_dir = "unused"
+    return cfg
+
+
+def saved_seqmix_checkpoint(tmp_path, overrides: list[str]):
+    """A seqmix model saved as training saves it (Lightning's state dict + the task's ``on_save_checkpoint``)."""
+    cfg = composed(overrides)
+    tokenizer = train_tokenizer(SENTENCES * 3, vocab_size=40, min_frequency=1)
+    torch.manual_seed(0)
+    task = build_task(cfg, tokenizer)
+    ckpt = {"state_dict": task.state_dict()}
+    task.on_save_checkpoint(ckpt)
+    path = tmp_path / "seqmix.ckpt"
+    torch.save(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize("model", ["transformer_small", "dynamicconv_small", "convs2s_small"])
+def test_a_seqmix_model_exported_and_reimported_decodes_identically(tmp_path, model):
+    extra = ["model.encoder.embed_dim=16", "model.decoder.embed_dim=16", "model.decoder.out_embed_dim=16",
+             "model.encoder.layers=[[16,3],[24,3]]", "model.decoder.layers=[[16,3],[16,2]]"] \
+        if model == "convs2s" + "_small" else TINY
+    path = saved_seqmix_checkpoint(tmp_path, [f"model={model}", "model.decoder_start=eos", *extra])
+    export_checkpoint(path, tmp_path / "fairseq")
+    assert {p.name for p in (tmp_path / "fairseq").iterdir()} == {
+        "checkpoint.pt", "dict.src.txt", "dict.tgt.txt", "seqmix_tokenizer.json"}
+    import_checkpoint(tmp_path / "fairseq" / "checkpoint.pt", tmp_path / "fairseq", tmp_path / "back.ckpt")
+    (original, _), (back, _) = load_task(path), load_task(tmp_path / "back.ckpt")
+    vocab = original.tokenizer._hf  # the dictionary: the tokenizers vocabulary after the 4 specials, in id order
+    lines = (tmp_path / "fairseq" / "dict.tgt.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == [f"{vocab.id_to_token(i)} 1" for i in range(4, original.tokenizer.vocab_size)]
+    container = torch.load(tmp_path / "fairseq" / "checkpoint.pt", weights_only=False)
+    assert container["args"].arch == {"transformer_small": "transformer", "dynamicconv_small": "lightconv",
+                                      "convs2s_small": "fconv"}[model]
+    assert back.tokenizer.to_json() == original.tokenizer.to_json()
+    theirs, ours = original.model.state_dict(), back.model.state_dict()
+    assert sorted(theirs) == sorted(ours) and all(torch.equal(theirs[k], ours[k]) for k in theirs)
+    options = dict(beam_size=2, len_penalty=1.0, max_len_a=0.0, max_len_b=8)  # the task's own are not exported
+    hyps = [t.evaluate_texts(SENTENCES, None, **options)[0] for t in (original, back)]
+    assert hyps[0] == hyps[1] and any(hyps[0])
+
+
+def test_a_bos_start_model_is_not_exported(tmp_path):
+    path = saved_seqmix_checkpoint(tmp_path, ["model=transformer_small", *TINY])
+    with pytest.raises(SeqmixError, match="fairseq-generate starts from eos"):
+        export_checkpoint(path, tmp_path / "fairseq")
+    assert not (tmp_path / "fairseq" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["model=talk_small"], "mixer seqmix.mixers.TaLK"),
+    (["experiment=multi30k_hybrid_cpu"], "hybrid mixer pattern"),
+    (["model=lightconv_small", "model.encoder.activation=swish"], "activation swish"),
+    (["model=disco"], "no fairseq counterpart"),
+])
+def test_what_fairseq_cannot_express_is_refused(overrides, needle):
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(composed(overrides).model, resolve=True)
+    with pytest.raises(SeqmixError, match=needle):
+        family_for_seqmix(model).fairseq_settings(model)
+
+
+def test_import_command_and_generate_translate_raw_text(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_dicts(data, (30, 30))
+    settings = {"arch": "transformer", "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_layers": 1,
+                "encoder_attention_heads": 2, "decoder_layers": 1, "decoder_attention_heads": 2,
+                "share_all_embeddings": True, "source_lang": "de", "target_lang": "en"}
+    torch.save(cfg_container(settings, transformer_state(layers=(1, 1))), tmp_path / "checkpoint.pt")
+    env_run = dict(cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "checkpoint.pt"),
+                           "--data-dir", str(data), "--out", str(tmp_path / "m.ckpt")], **env_run)
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "in.txt").write_text("s1 s2 s3\ns4 s5\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
+                           f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'hyp.txt'}", "beam_size=2",
+                           f"hydra.run.dir={tmp_path / 'run'}"], **env_run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 2
+    (data / "valid.de").write_text("s1 s2 s3\ns4 s5\n")  # split= reads the data folder given at import
+    (data / "valid.en").write_text("t1 t2\nt3\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
+                           "split=valid", f"output={tmp_path / 'valid.txt'}", "beam_size=2",
+                           f"hydra.run.dir={tmp_path / 'run2'}"], **env_run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "BLEU" in proc.stdout and len((tmp_path / "valid.txt").read_text().splitlines()) == 2
+    proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "in.txt"),
+                           "--data-dir", str(data), "--out", str(tmp_path / "x.ckpt")], **env_run)
+    assert proc.returncode == 2 and "seqmix: error:" in proc.stderr and len(proc.stderr.splitlines()) == 1
