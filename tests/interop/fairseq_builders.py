@@ -38,6 +38,16 @@ class Weights:
         sd[f"{name}.bias"] = self(n_out)
 
 
+def embeddings(w: Weights, sd: dict, side: str, embed: torch.Tensor, learned: bool, max_positions: int) -> None:
+    """A side's token table and positions: a learned table of max_positions + padding_idx + 1 rows, or the
+    sinusoidal module's ``_float_tensor`` placeholder (its table is not stored)."""
+    sd[f"{side}.embed_tokens.weight"] = embed
+    if learned:
+        sd[f"{side}.embed_positions.weight"] = w(max_positions + 2, embed.size(1))
+    else:
+        sd[f"{side}.embed_positions._float_tensor"] = torch.zeros(1)
+
+
 def transformer_state(e: int = 16, ffn: int = 32, layers: tuple[int, int] = (2, 2), vocab: tuple[int, int] = (30, 30),
                       share_all: bool = True, share_output: bool = True, learned: bool = False, pre: bool = False,
                       max_positions: int = 64, seed: int = 0) -> dict:
@@ -46,11 +56,7 @@ def transformer_state(e: int = 16, ffn: int = 32, layers: tuple[int, int] = (2, 
     enc_embed = w(vocab[0], e)
     for side, n in (("encoder", layers[0]), ("decoder", layers[1])):
         embed = enc_embed if side == "encoder" or share_all else w(vocab[1], e)
-        sd[f"{side}.embed_tokens.weight"] = embed
-        if learned:
-            sd[f"{side}.embed_positions.weight"] = w(max_positions + 2, e)
-        else:
-            sd[f"{side}.embed_positions._float_tensor"] = torch.zeros(1)
+        embeddings(w, sd, side, embed, learned, max_positions)
         for i in range(n):
             p = f"{side}.layers.{i}."
             w.attention(sd, p + "self_attn", e)
@@ -104,11 +110,7 @@ def lightconv_state(e: int = 16, ffn: int = 32, heads: int = 2, kernels: tuple[l
     enc_embed = w(vocab[0], e)
     for side, ks in (("encoder", kernels[0]), ("decoder", kernels[1])):
         embed = enc_embed if side == "encoder" or share_all else w(vocab[1], e)
-        sd[f"{side}.embed_tokens.weight"] = embed
-        if learned:
-            sd[f"{side}.embed_positions.weight"] = w(max_positions + 2, e)
-        else:
-            sd[f"{side}.embed_positions._float_tensor"] = torch.zeros(1)
+        embeddings(w, sd, side, embed, learned, max_positions)
         for i, k in enumerate(ks):
             p = f"{side}.layers.{i}."
             w.linear(sd, p + "linear1", 2 * e if glu else e, e)
