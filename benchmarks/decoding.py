@@ -23,7 +23,7 @@ HOW_TO_TRAIN_NAT = ("python generate.py ckpt_path=<multi30k_transformer_cpu run>
 # tokens_per_s: generated tokens (eos included); cpu_*: process CPU time (CPU only); avg_iterations: NAT passes
 FIELDS = ("model parameters beam sentences seconds sentences_per_s tokens_per_s bleu bleu_signature max_tokens "
           "speed_ratio max_sentences batches largest_batch decoder role length_beam max_iterations avg_iterations "
-          "ckpt cpu_seconds cpu_speed_ratio batching")
+          "ckpt cpu_seconds cpu_speed_ratio batching compiled warmup_seconds compile_seconds compiled_ratio")
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Settings:
     length_beam: int | None = None  # nat overrides (default: the checkpoint's task.nat)
     max_iterations: int | None = None
     warmup: int = 8  # sentences decoded untimed before each timed pass
+    # autoregressive: each (model, beam) decoded eagerly and/or with compile_decoding=true, a row each; the
+    # warm-up pass (warmup_seconds) holds the compile time, ``x compiled`` divides sentences/s by the eager row's
+    compile_decoding: tuple[bool, ...] = (False,)
 
 
 QUICK = {"limit": 100, "batch1_limit": 20}
@@ -86,19 +89,25 @@ def load(ckpt: Path, s: Settings, device: torch.device) -> SimpleNamespace:
 
 
 def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentences: int | None, n: int | None,
-            **overrides) -> dict:
-    """Warm-up, then one timed ``decode_dataset`` pass over the first ``n`` sentences; BLEU of that output."""
+            compiled: bool = False, **overrides) -> dict:
+    """Warm-up (with ``compiled``: compiling the decoder step), then one timed ``decode_dataset`` pass over the first
+    ``n`` sentences; BLEU of that output."""
     from seqmix.data import PairDataset
     from seqmix.generation.decode import decode_dataset
     from seqmix.metrics import corpus_bleu
 
+    ld.task.compile_decoding = compiled
     n, translate = min(n or len(ld.ids), len(ld.ids)), ld.task.translator(**overrides)
 
     def decode(k: int):
         data = PairDataset.from_lists(ld.ids[:k], [[] for _ in ld.ids[:k]], ld.sources[:k], ld.refs[:k])
         return decode_dataset(data, ld.task.tokenizer, translate, s.max_tokens, device, max_sentences)
 
-    decode(s.warmup)  # both passes end on the host (detokenized text): no CUDA synchronisation needed around them
+    warmup = time.perf_counter()
+    # both passes end on the host (detokenized text): no CUDA synchronisation needed around them. Compiled: the
+    # warm-up is the timed pass itself, so that every graph its batches need (a few per model) is compiled before
+    decode(n if compiled else s.warmup)
+    warmup = time.perf_counter() - warmup
     seconds, cpu = time.perf_counter(), time.process_time()
     out = decode(n)
     seconds, cpu = time.perf_counter() - seconds, time.process_time() - cpu
@@ -110,7 +119,8 @@ def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentence
         bleu_signature=bleu.signature, max_tokens=s.max_tokens, max_sentences=max_sentences, decoder="beam", role="",
         batches=len(out.batch_sizes), largest_batch=max(out.batch_sizes, default=0), ckpt=ld.info["ckpt"],
         avg_iterations=sum(out.iterations) / n if out.iterations else None,
-        cpu_seconds=cpu if device.type == "cpu" else None, batching=batching)
+        cpu_seconds=cpu if device.type == "cpu" else None, batching=batching, compiled=compiled,
+        warmup_seconds=warmup, compile_seconds=warmup - seconds if compiled else None)
 
 
 def run(s: Settings, device: torch.device, log=print, nat: bool = False) -> dict | None:
@@ -134,25 +144,32 @@ def run(s: Settings, device: torch.device, log=print, nat: bool = False) -> dict
         infos.append(ld.info | {"role": role, "decoders": variants})
         for overrides in variants:
             opts = ld.task.nat_options(**overrides) if role == "nat" else None
-            for max_sentences, n in ((1, s.batch1_limit or None), (None, None)) if nat else ((None, None),):
-                rows.append(measure(ld, s, device, max_sentences, n, **overrides) | {"role": role})
+            runs = [(1, s.batch1_limit or None, False), (None, None, False)] if nat else [
+                (None, None, compiled) for compiled in s.compile_decoding]
+            for max_sentences, n, compiled in runs:
+                rows.append(measure(ld, s, device, max_sentences, n, compiled, **overrides) | {"role": role})
                 if opts:
                     rows[-1] |= {"decoder": opts.algorithm, "length_beam": opts.length_beam,
                                  "max_iterations": opts.max_iterations}
-                log(f"  {ld.info['model']} {role} {rows[-1]['batching']} beam {rows[-1]['beam']}: "
+                log(f"  {ld.info['model']} {role} {rows[-1]['batching']} beam {rows[-1]['beam']}"
+                    f"{' compiled' if compiled else ''}: "
                     f"{rows[-1]['sentences_per_s']:.1f} sentences/s, BLEU {rows[-1]['bleu']:.2f}")
     rows.sort(key=lambda r: r["max_sentences"] is None)  # stable: batch 1 first, the teacher first within each
     base = next(iter(models)) if not nat else None
-    common.add_ratios(rows, lambda r: (None if nat else r["beam"], r["max_sentences"]),
+    common.add_ratios(rows, lambda r: (None if nat else r["beam"], r["max_sentences"], r["compiled"]),
                       lambda r: r["role"] == "teacher" if nat else r["model"] == base, speed_ratio="sentences_per_s",
                       cpu_speed_ratio=lambda r: r["cpu_seconds"] and r["sentences"] / r["cpu_seconds"])
+    common.add_ratios(rows, lambda r: (r["model"], r["role"], r["beam"], r["max_sentences"]),
+                      lambda r: not r["compiled"], compiled_ratio="sentences_per_s")
     return {"info": infos, "rows": rows}
 
 
 TABLE = [("model", "model", ""), ("params", lambda r: f"{r['parameters'] / 1e6:.1f}M", ""), ("beam", "beam", ""),
          ("sentences", "sentences", ""), ("seconds", "seconds", ".1f"), ("sent/s", "sentences_per_s", ".1f"),
          ("tok/s", "tokens_per_s", ".0f"), ("BLEU", "bleu", ".2f"), ("speed x", "speed_ratio", ".2f"),
-         ("cpu x", "cpu_speed_ratio", ".2f")]
+         ("cpu x", "cpu_speed_ratio", ".2f"), ("compiled", lambda r: "yes" if r["compiled"] else "", ""),
+         ("warm-up s", "warmup_seconds", ".1f"), ("compile s", "compile_seconds", ".1f"),
+         ("x compiled", "compiled_ratio", ".2f")]
 NAT_TABLE = [("model", "model", ""), ("decoder", lambda r: r["decoder"] if r["beam"] is None else f"beam {r['beam']}", ""),
              ("batching", "batching", ""), ("sentences", "sentences", ""), ("batches", "batches", ""),
              ("seconds", "seconds", ".1f"), ("sent/s", "sentences_per_s", ".1f"), ("speed x", "speed_ratio", ".2f"),
@@ -174,7 +191,8 @@ def section(s: Settings, device: torch.device, out: Path, log=print, nat: bool =
     for r in res["rows"]:
         note = f"{r['sentences_per_s']:.1f}\nBLEU {r['bleu']:.1f}\n{common.cell(r['speed_ratio'], '.2f')}x" + (
             "" if r["avg_iterations"] is None else f"\n{r['avg_iterations']:.1f} it.")
-        label = f"{r['model']}\n{r['decoder'] if r['beam'] is None else 'beam ' + str(r['beam'])}"
+        label = f"{r['model']}\n{r['decoder'] if r['beam'] is None else 'beam ' + str(r['beam'])}" + (
+            "\ncompiled" if r["compiled"] else "")
         group = f"{r['batching'] if nat else 'beam ' + str(r['beam'])} ({r['sentences']} sent.)"
         panels.setdefault(group, []).append((label, r["sentences_per_s"], note, r["speed_ratio"] == 1.0))
     bar_panels(panels, "sentences / s", out / f"{name}.png", f"Multi30k val, {res['info'][0]['device']}")

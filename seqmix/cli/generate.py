@@ -16,6 +16,7 @@ from seqmix.checkpoint import load_task
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
+from seqmix.generation.compiled import check_decoding_setting
 from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 
@@ -81,6 +82,7 @@ def generate(cfg: DictConfig) -> float | None:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
     task.to(device)
+    task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     sources, refs = read_inputs(cfg, train_cfg)
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
     if cfg.get("max_sentences"):

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from seqmix.data import PairDataset, TokenBudgetBatchSampler, collate_pairs
 from seqmix.generation.beam_search import BeamSearch
+from seqmix.generation.compiled import for_decoding
 from seqmix.generation.nat_decoding import IterativeDecoder
 
 # source rows (B, S) on the model's device -> (per row: the chosen output's token ids without eos, None when the
@@ -30,16 +31,22 @@ class Decoded:
     batch_sizes: list[int] = field(default_factory=list)  # examples per batch, in decoding order
 
 
-def beam_translator(model, search: BeamSearch) -> Translate:
-    """The best hypothesis of each row (its tokens end in eos, which is dropped)."""
+def beam_translator(model, search: BeamSearch, compile_decoding: bool | str = False) -> Translate:
+    """The best hypothesis of each row (its tokens end in eos, which is dropped). ``compile_decoding``: the
+    decoder step compiled (``seqmix.generation.compiled``)."""
+    model = for_decoding(model, compile_decoding)
+
     def translate(src_tokens: Tensor):
         return [h[0].tokens[:-1] if h else None for h in search.generate(model, src_tokens)], None
 
     return translate
 
 
-def nat_translator(model, decoder: IterativeDecoder) -> Translate:
-    """The chosen candidate of each row and the decoder passes spent on it."""
+def nat_translator(model, decoder: IterativeDecoder, compile_decoding: bool | str = False) -> Translate:
+    """The chosen candidate of each row and the decoder passes spent on it. ``compile_decoding``: the decoder pass
+    compiled (``seqmix.generation.compiled``)."""
+    model = for_decoding(model, compile_decoding)
+
     def translate(src_tokens: Tensor):
         result = decoder.generate(model, src_tokens)
         return result.tokens, result.iterations.tolist()

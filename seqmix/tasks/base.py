@@ -64,6 +64,8 @@ class SeqmixTask(L.LightningModule, ABC):
     finite_check_interval: int | None = None
     #: the run config's top-level ``compile`` (true | false | auto; set by ``seqmix.tasks.factory.build_task``)
     compile_training: bool | str = False
+    #: the run config's top-level ``compile_decoding`` (``seqmix.generation.compiled``; set by ``build_task``)
+    compile_decoding: bool | str = False
     #: what a non-finite loss or gradient does (top-level ``nonfinite``): "raise" (``watch_finite``) or "skip" the
     #: update (``optimizer_step``), stopping after ``nonfinite_skip_limit`` skipped updates in a row
     nonfinite: str = "raise"

@@ -8,6 +8,7 @@ from torch import nn
 
 from seqmix.compile import check_setting
 from seqmix.errors import SeqmixError
+from seqmix.generation.compiled import check_decoding_setting
 
 
 def build_model(model_cfg: DictConfig, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int) -> nn.Module:
@@ -35,6 +36,7 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
                    run_config=to_container(cfg), **cls.options_from_config(cfg))
     # every task has it (SeqmixTask), so it is set here rather than through each task's constructor
     task.compile_training = check_setting(cfg.get("compile", False))
+    task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     task.nonfinite, task.nonfinite_skip_limit = nonfinite_policy(cfg)
     return task
 

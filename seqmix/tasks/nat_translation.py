@@ -81,7 +81,7 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         return IterativeDecoder(self.nat_options(**overrides), max_len_a=gen.max_len_a, max_len_b=int(gen.max_len_b))
 
     def translator(self, **overrides) -> Translate:
-        return nat_translator(self.model, self.nat_decoder(**overrides))
+        return nat_translator(self.model, self.nat_decoder(**overrides), self.compile_decoding)
 
     # --- evaluation ----------------------------------------------------------------------------
     def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],

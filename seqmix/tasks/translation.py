@@ -94,7 +94,7 @@ class TranslationTask(SeqmixTask):
 
     def translator(self, **overrides) -> Translate:
         """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""
-        return beam_translator(self.model, self.beam_search(**overrides))
+        return beam_translator(self.model, self.beam_search(**overrides), self.compile_decoding)
 
     # --- evaluation ----------------------------------------------------------------------------
     def _decoding(self) -> bool:
