@@ -176,7 +176,7 @@ def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, v
 def save_seqmix_checkpoint(path: str | Path, task, extra: dict | None = None) -> None:
     """What ``load_task`` reads (weights under ``model.``, the run config, the tokenizer), written atomically."""
     ckpt = {"state_dict": {f"model.{k}": v for k, v in task.model.state_dict().items()},
-            "seqmix": {"config": task.run_config, "tokenizer": task.tokenizer.to_json(), "format": 1},
+            "seqmix": task.checkpoint_meta(),
             **(extra or {})}
     atomic_write(Path(path), lambda f: torch.save(ckpt, f))
 

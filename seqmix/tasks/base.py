@@ -276,13 +276,17 @@ class SeqmixTask(L.LightningModule, ABC):
         """``generate.py``: (one output line per source, or None) and a report when it can be scored."""
 
     # --- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_meta(self) -> dict:
+        """What ``seqmix.checkpoint.load_task`` rebuilds the task from: the run config and the tokenizer."""
+        return {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.raise_if_nonfinite()  # before Lightning writes the file
         if not weights_finite(self):
             raise SeqmixError(f"the weights are not finite at step {self.global_step} (a non-finite gradient with a "
                               "finite loss?); not writing a checkpoint. Resume from the run's last checkpoint with "
                               "a lower optim.lr, gradient clipping (trainer.gradient_clip_val) or nonfinite=skip.")
-        checkpoint["seqmix"] = {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
+        checkpoint["seqmix"] = self.checkpoint_meta()
         checkpoint["rng_states"] = rng_states()
         checkpoint["skipped_updates"] = self.skipped_updates
 
