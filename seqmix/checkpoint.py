@@ -95,6 +95,12 @@ def check_fits(task, ckpt: dict, option: str) -> None:
     if trained and own_task and trained != own_task:
         raise SeqmixError(f"{option} was trained on task {trained}, this run is task {own_task}: pass "
                           f"task={trained} (and the model settings it was trained with)")
+    # a checkpoint written before decoder_start existed was trained from bos (today's default is eos)
+    trained_start = ((ckpt["seqmix"].get("config") or {}).get("model") or {}).get("decoder_start", "bos")
+    own_start = getattr(getattr(task, "model", None), "decoder_start", None)
+    if own_start is not None and trained_start != own_start:
+        raise SeqmixError(f"{option} was trained with model.decoder_start={trained_start} (its decoder's first input), "
+                          f"this run has {own_start}: pass model.decoder_start={trained_start}")
     if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
         raise SeqmixError(f"{option}: its vocabulary differs from this run's; train on the data and vocabulary the "
                           "checkpoint was trained with (same task and task.vocab_size)")

@@ -118,6 +118,15 @@ def _with_added_settings(theirs: dict, ours: dict) -> dict:
     return {**theirs, "model": {**model, **added}} if added else theirs
 
 
+def _differences(theirs, ours, key: str) -> list[str]:
+    """The dotted settings where a run folder's config and this run's differ, each as ``key=theirs (here: ours)``,
+    so the message says what to pass to continue that run."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        return [d for k in sorted(set(theirs) | set(ours), key=str)
+                for d in _differences(theirs.get(k), ours.get(k), f"{key}.{k}")]
+    return [] if theirs == ours else [f"{key}={theirs} (here: {ours})"]
+
+
 def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
     """``resume: auto``: a run folder that already holds a checkpoint of this run (a requeued SLURM job's
     ``runs/slurm-<job>``, or ``hydra.run.dir`` given again) continues from its newest good checkpoint, as fairseq
@@ -137,11 +146,12 @@ def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
     path, ckpt = found
     ours = to_container(cfg)
     theirs = _with_added_settings(ckpt["seqmix"].get("config") or {}, ours)
-    differ = [key for key in _SAME_RUN if theirs.get(key) != ours.get(key)]
+    differ = [d for key in _SAME_RUN for d in _differences(theirs.get(key), ours.get(key), key)]
     if differ:
-        raise SeqmixError(f"the run folder {out} already holds a run with other settings ({', '.join(differ)} "
-                          f"differ; its newest checkpoint is {path}): give this run its own folder "
-                          "(hydra.run.dir=...) or continue that run with its own settings")
+        shown = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+        raise SeqmixError(f"the run folder {out} already holds a run with other settings ({shown}; its newest "
+                          f"checkpoint is {path}): give this run its own folder (hydra.run.dir=...) or continue that "
+                          "run with its own settings")
     log.warning("continuing the run in %s from %s (resume=auto)", out, path)
     with open_dict(cfg):
         cfg.ckpt_path = str(path)

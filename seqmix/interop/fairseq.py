@@ -45,6 +45,9 @@ TOKENIZER_FILE = "seqmix_tokenizer.json"
 # fairseq-generate's defaults (beam 5, --lenpen 1, max length 200 whatever the source length)
 FAIRSEQ_GENERATION = {"beam_size": 5, "len_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 200, "min_len_a": 0.0,
                       "min_len_b": 1, "no_repeat_ngram_size": 0}
+# fairseq's generation options (``args``, or ``cfg.generation``) → seqmix's; ``min_len`` is a constant there
+GENERATION_NAMES = {"beam": "beam_size", "lenpen": "len_penalty", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
+                    "min_len": "min_len_b", "no_repeat_ngram_size": "no_repeat_ngram_size"}
 
 
 # --- reading fairseq's container ----------------------------------------------------------------------------------
@@ -56,6 +59,15 @@ class FairseqCheckpoint:
     state: dict  # the model's tensors as saved
     source_lang: str | None = None
     target_lang: str | None = None
+    generation: dict | None = None  # seqmix's decoding settings from the checkpoint's generation options
+
+
+def _generation(options: dict) -> dict:
+    """fairseq-generate's defaults, overridden by the generation options a checkpoint holds (a seqmix export writes
+    its task's; fairseq's own ``cfg.generation`` holds the training command's, usually the defaults)."""
+    found = {ours: options[theirs] for theirs, ours in GENERATION_NAMES.items()
+             if isinstance(options.get(theirs), (int, float)) and not isinstance(options.get(theirs), bool)}
+    return {**FAIRSEQ_GENERATION, **found}
 
 
 def _plain(node) -> dict:
@@ -128,10 +140,10 @@ def read_fairseq(path: str | Path) -> FairseqCheckpoint:
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict):
         raise SeqmixError(f"{path} is not a fairseq checkpoint (no 'model' state dict inside)")
     if ckpt.get("args") is not None:
-        settings, task = _plain(ckpt["args"]), _plain(ckpt["args"])
+        settings = task = generation = _plain(ckpt["args"])
     elif ckpt.get("cfg") is not None:
         cfg = _plain(ckpt["cfg"])
-        settings, task = _plain(cfg.get("model")), _plain(cfg.get("task"))
+        settings, task, generation = _plain(cfg.get("model")), _plain(cfg.get("task")), _plain(cfg.get("generation"))
     else:
         raise SeqmixError(f"{path} holds neither 'args' nor 'cfg': its model settings are unknown")
     settings = _flatten(settings)
@@ -140,7 +152,7 @@ def read_fairseq(path: str | Path) -> FairseqCheckpoint:
         raise SeqmixError(f"{path}: its settings name no architecture (no 'arch' or '_name')")
     family = FAMILIES[family_of(arch)]
     return FairseqCheckpoint(arch, family, complete_settings(arch, settings), ckpt["model"],
-                             task.get("source_lang"), task.get("target_lang"))
+                             task.get("source_lang"), task.get("target_lang"), _generation(generation))
 
 
 # --- the seqmix side ----------------------------------------------------------------------------------------------
@@ -148,10 +160,11 @@ def _conf(name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{name}.yaml"), resolve=True)
 
 
-def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, vocab_size: int) -> dict:
+def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, vocab_size: int,
+               generation: dict | None = None) -> dict:
     """A training config as a seqmix checkpoint stores it: the model, a translation task whose data source reads
-    ``<data_dir>/{split}.{lang}`` (for ``generate.py split=...``), fairseq-generate's decoding defaults, and the
-    default optimizer/schedule (for fine-tuning with ``init_from=``)."""
+    ``<data_dir>/{split}.{lang}`` (for ``generate.py split=...``), the checkpoint's decoding settings (else
+    fairseq-generate's defaults), and the default optimizer/schedule (for fine-tuning with ``init_from=``)."""
     return {
         "seed": 1, "label_smoothing": 0.1, "fused_loss": True, "compile": False, "nonfinite": "raise",
         "nonfinite_skip_limit": 10, "optim": _conf("optim/adam"), "scheduler": _conf("scheduler/inverse_sqrt"),
@@ -167,7 +180,7 @@ def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, v
                      "splits": {"train": "train", "valid": "valid", "test": "test"}, "max_tokens": 4096,
                      "max_source_positions": model["max_source_positions"],
                      "max_target_positions": model["max_target_positions"]},
-            "generation": dict(FAIRSEQ_GENERATION),
+            "generation": dict(generation or FAIRSEQ_GENERATION),
             "bleu": {"tokenize": "13a", "lowercase": False},
         },
     }
@@ -226,7 +239,13 @@ def build_imported_task(fs: FairseqCheckpoint, tokenizer, data_dir: Path, source
         if rows is not None and rows.shape[0] != sizes[side]:
             raise SeqmixError(f"the {side} dictionary (dict.{lang}.txt) has {sizes[side]} symbols but the checkpoint's "
                               f"{side} embeddings have {rows.shape[0]} rows: use the dictionaries it was trained with")
-    cfg = run_config(model_cfg, source_lang, target_lang, str(data_dir), tokenizer.target_vocab_size)
+    dicts = getattr(tokenizer, "source_dict", None), getattr(tokenizer, "target_dict", None)
+    if model_cfg.get("share_all_embeddings") and dicts[0] is not None and dicts[0] != dicts[1]:
+        raise SeqmixError(f"the checkpoint shares one embedding table between source and target "
+                          f"(share_all_embeddings), which fairseq trains with one joined dictionary, but "
+                          f"dict.{source_lang}.txt and dict.{target_lang}.txt differ: give --data-dir the dictionaries "
+                          "it was trained with")
+    cfg = run_config(model_cfg, source_lang, target_lang, str(data_dir), tokenizer.target_vocab_size, fs.generation)
     task = build_task(OmegaConf.create(cfg), tokenizer)
     state = to_seqmix_state(fs.family, fs.settings, fs.state, task.model.state_dict())
     task.model.load_state_dict(state, strict=True)
@@ -274,20 +293,31 @@ def fairseq_dictionaries(tokenizer):
     return joint, joint
 
 
-def fairseq_args(arch: str, settings: dict, source_lang: str, target_lang: str) -> Namespace:
+def fairseq_generation(generation: dict) -> dict:
+    """A seqmix task's decoding settings as fairseq's generation options (what fairseq maps into ``cfg.generation``
+    on load); what fairseq cannot express (a source-relative minimum length, stepwise length penalty) is left out."""
+    options = {theirs: generation[ours] for theirs, ours in GENERATION_NAMES.items() if ours in generation}
+    if generation.get("min_len_a", 0.0) != 0.0:
+        options.pop("min_len", None)
+    return options
+
+
+def fairseq_args(arch: str, settings: dict, source_lang: str, target_lang: str,
+                 generation: dict | None = None) -> Namespace:
     """An ``args`` Namespace as fairseq ≤0.9 saves it (later releases convert it on load): the registered
-    architecture, every model setting explicit, and the translation task's language pair."""
+    architecture, every model setting explicit, the translation task's language pair and the decoding settings."""
     return Namespace(arch=arch, task="translation", source_lang=source_lang, target_lang=target_lang,
                      data=".", left_pad_source=True, left_pad_target=False, criterion="label_smoothed_cross_entropy",
                      label_smoothing=0.1, optimizer="adam", lr_scheduler="inverse_sqrt", lr=[5e-4],
-                     dataset_impl=None, **settings)
+                     dataset_impl=None, **fairseq_generation(generation or {}), **settings)
 
 
-def fairseq_container(arch: str, settings: dict, state: dict, source_lang: str, target_lang: str) -> dict:
+def fairseq_container(arch: str, settings: dict, state: dict, source_lang: str, target_lang: str,
+                      generation: dict | None = None) -> dict:
     """fairseq's checkpoint container with what its ``_upgrade_state_dict`` reads (an optimizer history with an lr
     scheduler state, ``extra_state.train_iterator``)."""
     return {
-        "args": fairseq_args(arch, settings, source_lang, target_lang),
+        "args": fairseq_args(arch, settings, source_lang, target_lang, generation),
         "model": state,
         "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
                                "lr_scheduler_state": {"best": None}, "num_updates": 0}],
@@ -315,7 +345,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     source_lang, target_lang = _languages(config, tokenizer)
     source_dict, target_dict = fairseq_dictionaries(tokenizer)
     out_dir = Path(out_dir)
-    container = fairseq_container(arch, settings, state, source_lang, target_lang)
+    generation = (config.get("task") or {}).get("generation") or {}
+    container = fairseq_container(arch, settings, state, source_lang, target_lang, generation)
 
     def write(f) -> None:
         buffer = io.BytesIO()

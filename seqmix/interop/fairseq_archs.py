@@ -5,8 +5,8 @@ Each architecture is a list of settings applied in order, a value only where the
 architecture's own values first, then its parent's, then the family's base (fairseq's ``base_architecture``
 functions read ``getattr(args, name, default)`` the same way). Derived defaults (decoder width = encoder width, conv
 width = embedding width, ...) are filled last, from the then complete settings. Values were read from fairseq's
-``transformer_legacy.py``, ``lightconv.py`` and ``fconv.py`` (see /work/notes/fairseq_interop_facts.md §3.5, §4.1,
-§5.5); the lightconv conv types and ``weight_softmax`` come from its argparse defaults, not its architectures.
+``fairseq/models/transformer_legacy.py``, ``lightconv.py`` and ``fconv.py`` of fairseq v0.12.2; the lightconv conv
+types and ``weight_softmax`` come from its argparse defaults, not its architectures.
 """
 
 from __future__ import annotations

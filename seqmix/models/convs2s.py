@@ -233,7 +233,9 @@ class ConvS2S(nn.Module):
         enc_embed = normal_embedding_(nn.Embedding(src_vocab_size, enc["embed_dim"], padding_idx=padding_idx))
         if share_all_embeddings:
             if src_vocab_size != tgt_vocab_size:
-                raise SeqmixError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
+                raise SeqmixError(f"share_all_embeddings needs one joint vocabulary, but the source has "
+                                  f"{src_vocab_size} symbols and the target {tgt_vocab_size} (seqmix's own data: "
+                                  "task.tokenizer.joint=true)")
             dec_embed = enc_embed
         else:
             dec_embed = normal_embedding_(nn.Embedding(tgt_vocab_size, dec["embed_dim"], padding_idx=padding_idx))

@@ -80,7 +80,9 @@ class EncoderDecoder(nn.Module):
         enc_embed = token_embedding(src_vocab_size, embed_dim, padding_idx)
         if share_all_embeddings:
             if src_vocab_size != tgt_vocab_size:
-                raise SeqmixError("share_all_embeddings needs one joint vocabulary (task.tokenizer.joint=true)")
+                raise SeqmixError(f"share_all_embeddings needs one joint vocabulary, but the source has "
+                                  f"{src_vocab_size} symbols and the target {tgt_vocab_size} (seqmix's own data: "
+                                  "task.tokenizer.joint=true)")
             dec_embed = enc_embed
         else:
             dec_embed = token_embedding(tgt_vocab_size, embed_dim, padding_idx)

@@ -1,5 +1,5 @@
 """Hand-built fairseq checkpoints: state-dict names, shapes and ``args``/``cfg`` containers written out here as fairseq
-writes them (see /work/notes/fairseq_interop_facts.md §1, §3.3, §4.6, §5.3), with random weights. Deliberately
+writes them (read from fairseq v0.12.2's models and ``checkpoint_utils.save_state``), with random weights. Deliberately
 independent of seqmix.interop's tables, so the tests compare two separate readings of fairseq's layout."""
 
 from __future__ import annotations
@@ -194,8 +194,11 @@ def cfg_container(settings: dict, state: dict, model_as: str = "namespace") -> d
     return {"args": None, "cfg": cfg, "model": state, "optimizer_history": [], "extra_state": {}}
 
 
-def write_dicts(folder, vocab: tuple[int, int], langs=("de", "en")) -> None:
-    """dict.<lang>.txt files whose sizes (with the 4 specials) are ``vocab``."""
-    for lang, size, prefix in zip(langs, vocab, ("s", "t")):
+def write_dicts(folder, vocab: tuple[int, int], langs=("de", "en"), joined: bool | None = None) -> None:
+    """dict.<lang>.txt files whose sizes (with the 4 specials) are ``vocab``: one joined dictionary written twice
+    (``w<i>`` symbols; what fairseq's share_all_embeddings needs) when the sizes agree unless ``joined=False``, else
+    separate ones (``s<i>`` and ``t<i>``)."""
+    joined = vocab[0] == vocab[1] if joined is None else joined
+    for lang, size, prefix in zip(langs, vocab, ("w", "w") if joined else ("s", "t")):
         FairseqDictionary([f"{prefix}{i}" for i in range(size - 4)], [size - i for i in range(size - 4)]).save(
             folder / f"dict.{lang}.txt")

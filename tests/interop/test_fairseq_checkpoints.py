@@ -4,6 +4,8 @@ by step as in one pass, start decoding from eos; what does not map is refused wi
 
 from __future__ import annotations
 
+from argparse import Namespace
+
 import pytest
 import torch
 
@@ -298,6 +300,14 @@ def test_a_setting_seqmix_cannot_express_is_refused(tmp_path):
              "layernorm_embedding")
 
 
+def test_a_shared_embedding_model_with_two_different_dictionaries_is_refused(tmp_path):
+    path, data = save(tmp_path, args_container(TRANSFORMER, transformer_state()))
+    write_dicts(data, (30, 30), joined=False)
+    with pytest.raises(SeqmixError, match=r"one joined dictionary, but dict.de.txt and dict.en.txt differ"):
+        import_checkpoint(path, data, tmp_path / "imported.ckpt", moses=False)
+    assert not (tmp_path / "imported.ckpt").exists()
+
+
 def test_dictionaries_of_another_size_are_refused(tmp_path):
     _refused(tmp_path, args_container(TRANSFORMER, transformer_state()), r"dict.de.txt\) has 28 symbols", (28, 28))
 
@@ -365,3 +375,18 @@ def test_settings_come_from_args_or_cfg_alike(tmp_path):
     assert {k: v for k, v in paths[0].settings.items() if k not in drop} == \
         {k: v for k, v in paths[1].settings.items() if k not in drop}
     assert paths[0].source_lang == paths[1].source_lang == "de"
+
+
+def test_decoding_settings_come_from_the_checkpoints_generation_options(tmp_path):
+    container = cfg_container(TRANSFORMER, transformer_state())
+    container["cfg"]["generation"] = Namespace(beam=4, lenpen=0.6, max_len_a=1.1, max_len_b=50, min_len=3,
+                                               no_repeat_ngram_size=0, sampling=False)
+    task, _ = imported(tmp_path, container)
+    assert task.run_config["task"]["generation"] == {
+        "beam_size": 4, "len_penalty": 0.6, "max_len_a": 1.1, "max_len_b": 50, "min_len_a": 0.0, "min_len_b": 3,
+        "no_repeat_ngram_size": 0}
+    (tmp_path / "data").rename(tmp_path / "first")
+    task, _ = imported(tmp_path, args_container(TRANSFORMER, transformer_state()))  # none stored: fairseq's defaults
+    assert task.run_config["task"]["generation"] == {
+        "beam_size": 5, "len_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 200, "min_len_a": 0.0, "min_len_b": 1,
+        "no_repeat_ngram_size": 0}

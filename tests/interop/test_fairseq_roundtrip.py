@@ -4,6 +4,7 @@ re-imported, holds the same weights and decodes to identical hypotheses; what fa
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ from seqmix.interop.fairseq import export_checkpoint, import_checkpoint
 from seqmix.interop.fairseq_models import family_for_seqmix
 from seqmix.mixers.group import settle_mixer_choice
 from seqmix.tasks.factory import build_task
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run
 from tests.interop.fairseq_builders import cfg_container, transformer_state, write_dicts
 
 register_resolvers()
@@ -63,7 +64,7 @@ def test_a_seqmix_model_exported_and_reimported_decodes_identically(tmp_path, mo
     extra = ["model.encoder.embed_dim=16", "model.decoder.embed_dim=16", "model.decoder.out_embed_dim=16",
              "model.encoder.layers=[[16,3],[24,3]]", "model.decoder.layers=[[16,3],[16,2]]"] \
         if model == "convs2s" + "_small" else TINY
-    path = saved_seqmix_checkpoint(tmp_path, [f"model={model}", "model.decoder_start=eos", *extra])
+    path = saved_seqmix_checkpoint(tmp_path, [f"model={model}", *extra])
     export_checkpoint(path, tmp_path / "fairseq")
     assert {p.name for p in (tmp_path / "fairseq").iterdir()} == {
         "checkpoint.pt", "dict.src.txt", "dict.tgt.txt", "seqmix_tokenizer.json"}
@@ -78,13 +79,15 @@ def test_a_seqmix_model_exported_and_reimported_decodes_identically(tmp_path, mo
     assert back.tokenizer.to_json() == original.tokenizer.to_json()
     theirs, ours = original.model.state_dict(), back.model.state_dict()
     assert sorted(theirs) == sorted(ours) and all(torch.equal(theirs[k], ours[k]) for k in theirs)
-    options = dict(beam_size=2, len_penalty=1.0, max_len_a=0.0, max_len_b=8)  # the task's own are not exported
+    generation = original.run_config["task"]["generation"]  # travels as fairseq's generation options
+    assert {k: back.run_config["task"]["generation"][k] for k in generation} == generation
+    options = dict(beam_size=2, len_penalty=1.0, max_len_a=0.0, max_len_b=8)
     hyps = [t.evaluate_texts(SENTENCES, None, **options)[0] for t in (original, back)]
     assert hyps[0] == hyps[1] and any(hyps[0])
 
 
 def test_a_bos_start_model_is_not_exported(tmp_path):
-    path = saved_seqmix_checkpoint(tmp_path, ["model=transformer_small", *TINY])
+    path = saved_seqmix_checkpoint(tmp_path, ["model=transformer_small", "model.decoder_start=bos", *TINY])
     with pytest.raises(SeqmixError, match="fairseq-generate starts from eos"):
         export_checkpoint(path, tmp_path / "fairseq")
     assert not (tmp_path / "fairseq" / "checkpoint.pt").exists()
@@ -113,17 +116,21 @@ def test_import_command_and_generate_translate_raw_text(tmp_path):
                 "share_all_embeddings": True, "source_lang": "de", "target_lang": "en"}
     torch.save(cfg_container(settings, transformer_state(layers=(1, 1))), tmp_path / "checkpoint.pt")
     env_run = dict(cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    (tmp_path / "bpecodes").write_text("#version: 0.2\nw 1</w>\n")  # only "w1" is one piece; "w11" is w@@ 1@@ 1
     proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "checkpoint.pt"),
-                           "--data-dir", str(data), "--out", str(tmp_path / "m.ckpt")], **env_run)
+                           "--data-dir", str(data), "--bpe-codes", str(tmp_path / "bpecodes"),
+                           "--out", str(tmp_path / "m.ckpt")], **env_run)
     assert proc.returncode == 0, proc.stderr
-    (tmp_path / "in.txt").write_text("s1 s2 s3\ns4 s5\n")
+    tokenizer = load_task(tmp_path / "m.ckpt")[0].tokenizer
+    assert [len(tokenizer.encode(w)) for w in ("w1", "w11")] == [1, 3]
+    (tmp_path / "in.txt").write_text("w1 w2 w3\nw4 w5\n")
     proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
                            f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'hyp.txt'}", "beam_size=2",
                            f"hydra.run.dir={tmp_path / 'run'}"], **env_run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 2
-    (data / "valid.de").write_text("s1 s2 s3\ns4 s5\n")  # split= reads the data folder given at import
-    (data / "valid.en").write_text("t1 t2\nt3\n")
+    (data / "valid.de").write_text("w1 w2 w3\nw4 w5\n")  # split= reads the data folder given at import
+    (data / "valid.en").write_text("w6 w7\nw8\n")
     proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
                            "split=valid", f"output={tmp_path / 'valid.txt'}", "beam_size=2",
                            f"hydra.run.dir={tmp_path / 'run2'}"], **env_run)
@@ -132,3 +139,32 @@ def test_import_command_and_generate_translate_raw_text(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "in.txt"),
                            "--data-dir", str(data), "--out", str(tmp_path / "x.ckpt")], **env_run)
     assert proc.returncode == 2 and "seqmix: error:" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("recipe", ["multi30k_lightconv_cpu", "multi30k_convs2s_cpu"])  # fairseq's lightconv and fconv
+def test_a_multi30k_recipe_model_exported_and_reimported_translates_identically(tmp_path, multi30k_dir, recipe):
+    """The recipe's own model (full size, its 8K joint BPE), briefly trained by train.py: export → import → the same
+    beam-5 translations of Multi30k valid sentences, through generate.py as a user runs it."""
+    proc = run("train.py", [f"experiment={recipe}", "logger=csv", "~callbacks.progress_bar", "trainer.max_steps=6",
+                            "trainer.max_time=null", "trainer.val_check_interval=6", "trainer.limit_val_batches=1",
+                            "run_test=false", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = tmp_path / "run" / "checkpoints" / "best.ckpt"
+    for command in (["export", str(trained), "--out", str(tmp_path / "fairseq")],
+                    ["import", str(tmp_path / "fairseq" / "checkpoint.pt"), "--data-dir", str(tmp_path / "fairseq"),
+                     "--out", str(tmp_path / "back.ckpt")]):
+        done = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", *command], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    with gzip.open(multi30k_dir / "val.en.gz", "rt", encoding="utf-8") as f:
+        sources = f.read().splitlines()[:24]
+    (tmp_path / "val24.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    hypotheses = []
+    for name, ckpt in (("original", trained), ("back", tmp_path / "back.ckpt")):
+        out = tmp_path / f"{name}.de"
+        proc = run("generate.py", [f"ckpt_path={ckpt}", f"input={tmp_path / 'val24.en'}", f"output={out}",
+                                   "beam_size=5", "len_penalty=1.0", "max_len_a=1.2", "max_len_b=10",
+                                   f"hydra.run.dir={tmp_path / name}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        hypotheses.append(out.read_text(encoding="utf-8").splitlines())
+    assert len(hypotheses[0]) == 24 and hypotheses[0] == hypotheses[1] and any(hypotheses[0])
