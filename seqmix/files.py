@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """``write`` into a temp file beside ``path``, flush it to disk, then rename it over ``path``: a crash, a kill,
     a full disk or a concurrent writer never leaves a partial file under the final name (the temp file is
@@ -17,6 +23,7 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open() would give, not mkstemp's private 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

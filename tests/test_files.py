@@ -31,3 +31,14 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
     monkeypatch.undo()
     assert path.read_text(encoding="utf-8") == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_get_the_permissions_open_would_give(tmp_path, umask, mode):
+    """Not the temp file's private 0600: a checkpoint shared on a cluster stays readable by the group."""
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "checkpoint.pt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "checkpoint.pt").stat().st_mode & 0o777 == mode
