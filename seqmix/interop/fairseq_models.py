@@ -5,7 +5,8 @@ walk the same table in opposite directions, so a name or a layout fixed once is 
 fairseq state dicts come in several generations; ``upgrade`` rewrites older names into the newest layout the table
 speaks (packed ``in_proj_weight`` split into q/k/v, transformer ``layer_norms.N`` renamed, a lightweight conv's
 (H, K) CUDA-layer weight unsqueezed to (H, 1, K), ``embed_out`` of a transformer renamed ``output_projection``), and
-drops what carries no weights (``version`` and sinusoidal ``_float_tensor`` buffers, stale sinusoidal tables).
+drops what carries no weights (``version`` and sinusoidal ``_float_tensor`` buffers, stale sinusoidal tables, the
+encoder layers' fast-path copies of fairseq 0.12).
 ``buffers`` gives back what fairseq expects to find (exact values) when exporting.
 """
 
@@ -182,6 +183,21 @@ def _split_in_proj(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+# fairseq 0.12's transformer encoder layers also save copies of their weights for its "BetterTransformer" fast path
+# (``encoder.layers.N.in_proj_weight`` = q/k/v packed, ``fc1_weight``, ...); fairseq rebuilds them from the regular
+# weights on every load (``TransformerEncoderLayerBase._load_from_state_dict``), so they carry nothing of their own
+_FAST_PATH_COPIES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias", "fc1_weight", "fc1_bias",
+                     "fc2_weight", "fc2_bias")
+
+
+def _drop_fast_path_copies(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    def copy(key: str) -> bool:
+        parts = key.split(".")
+        return len(parts) == 4 and parts[:2] == ["encoder", "layers"] and parts[3] in _FAST_PATH_COPIES
+
+    return {k: v for k, v in state.items() if not copy(k)}
+
+
 def _drop_buffers(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v for k, v in state.items()
             if not (k in ("encoder.version", "decoder.version") or k.endswith("embed_positions._float_tensor"))}
@@ -350,7 +366,7 @@ class TransformerFamily(_EncoderDecoderFamily):
         return rules
 
     def upgrade(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
-        state = self._sinusoidal_leftovers(_drop_buffers(_split_in_proj(state)), s)
+        state = self._sinusoidal_leftovers(_drop_buffers(_split_in_proj(_drop_fast_path_copies(state))), s)
         renames = {"encoder": {"0": "self_attn_layer_norm", "1": "final_layer_norm"},
                    "decoder": {"0": "self_attn_layer_norm", "1": "encoder_attn_layer_norm", "2": "final_layer_norm"}}
         out = {}
