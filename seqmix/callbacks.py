@@ -46,7 +46,9 @@ class LastCheckpoint(Checkpoint):
 
     def _save_last(self, trainer: L.Trainer) -> None:
         directory = _checkpoint_dir(trainer)
-        if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking:
+        # fast_dev_run saves nothing, as Lightning's own ModelCheckpoint does under it
+        if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking \
+                and not trainer.fast_dev_run:
             trainer.save_checkpoint(directory / self.last_name)
             self.last_path = str(directory / self.last_name)
             self._saved_step = trainer.global_step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from seqmix.cli.user_errors import report_and_exit, user_error_in
+from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
+from seqmix.run_record import fail_record, in_multirun
 
 _STARTED = time.time()  # when this process started (imported by the entry points first thing)
 
@@ -58,7 +61,9 @@ def clean_failed_run(cfg: DictConfig, message: str) -> None:
 
 def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig], object]:
     """Turn a user's mistake (seqmix.cli.user_errors) into one clear line on stderr and exit status 2, removing the
-    run folder it leaves (or marking it FAILED when it already holds checkpoints)."""
+    run folder it leaves (or marking it FAILED when it already holds checkpoints). In a multirun the job's folder
+    stays with its record marked failed, and the error goes back to Hydra, which runs the other jobs and then ends
+    the sweep with it (``python -m seqmix.report`` lists the job as failed)."""
 
     @functools.wraps(fn)
     def wrapper(cfg: DictConfig):
@@ -66,6 +71,12 @@ def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig
             return fn(cfg)
         except Exception as raised:
             found = user_error_in(raised)
+            if in_multirun():
+                fail_record(output_dir_of(cfg), found[1] if found else f"{type(raised).__name__}: {raised}")
+                if found is None:
+                    raise
+                print(f"seqmix: error: {found[1]}", file=sys.stderr, flush=True)
+                raise SeqmixError(found[1]) from None
             if found is None:
                 raise
             clean_failed_run(cfg, f"seqmix: error: {found[1]}")

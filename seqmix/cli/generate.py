@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import sys
 import time
 from pathlib import Path
 
@@ -76,6 +77,22 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
+def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict) -> None:
+    """``input=-``: translate (summarize) each stdin line as soon as it arrives, one output line per input line on
+    stdout, flushed (fairseq-interactive); the same tokenizer and decoding settings as a file. Ends at end of input."""
+    from seqmix.tasks.language_modeling import LanguageModelingTask
+
+    if isinstance(task, LanguageModelingTask):
+        raise SeqmixError(f"input=- decodes text, and {train_cfg.task.name} is a language model: score a file with "
+                          "input=<file>")
+    print(f"model: {train_cfg.model.name}, task {train_cfg.task.name}: reading lines from stdin", file=sys.stderr,
+          flush=True)
+    for line in iter(sys.stdin.readline, ""):
+        source = line.rstrip("\r\n")
+        outputs = task.evaluate_texts([source], None, max_tokens, **overrides)[0] if source.strip() else [""]
+        print(outputs[0], flush=True)
+
+
 def generate(cfg: DictConfig) -> float | None:
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
     if cfg.get("distill_dir") and cfg.input:
@@ -83,12 +100,14 @@ def generate(cfg: DictConfig) -> float | None:
     device = decoding_device(cfg.device)
     task.to(device)
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
-    sources, refs = read_inputs(cfg, train_cfg)
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
     if cfg.get("max_sentences"):
         if "max_sentences" not in inspect.signature(task.evaluate_texts).parameters:
             raise SeqmixError(f"max_sentences= does not apply to {type(task).__name__}")
         overrides["max_sentences"] = int(cfg.max_sentences)
+    if cfg.input == "-":
+        return interactive(task, train_cfg, int(cfg.max_tokens), overrides)
+    sources, refs = read_inputs(cfg, train_cfg)
     start = time.perf_counter()
     outputs, report = task.evaluate_texts(sources, refs, int(cfg.max_tokens), **overrides)
     elapsed = time.perf_counter() - start

@@ -25,6 +25,7 @@ from seqmix.errors import SeqmixError
 from seqmix.mixers.group import settle_mixer_choice
 from seqmix.models import count_parameters
 from seqmix.preemption import Preemption, cluster_environment
+from seqmix.run_record import finish_record, job_overrides, start_record
 from seqmix.tasks.factory import build_task, task_class, to_container
 
 log = logging.getLogger("seqmix")
@@ -65,6 +66,7 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
                           "new run from a checkpoint's weights: pass one of them")
+    start_record(output_dir_of(cfg), job_overrides(), list(cfg.get("tags") or []))
     resume_from = continue_run_in_its_folder(cfg)
     if resume_from is None and cfg.get("ckpt_path"):
         resume_from = check_resumable(cfg.ckpt_path)
@@ -97,6 +99,8 @@ def train(cfg: DictConfig) -> float | None:
         score = None
         if cfg.run_test:
             score = final_evaluation(cfg, trainer, task, datamodule)
+        if trainer.is_global_zero:
+            record_results(cfg, trainer, task)
         return score
     finally:
         finish_wandb()
@@ -169,6 +173,26 @@ def stopped_by_signal(trainer: L.Trainer, preemption: Preemption) -> None:
     if saved:
         preemption.after_stop()
     sys.exit(128 + signal.SIGTERM)
+
+
+def record_results(cfg: DictConfig, trainer: L.Trainer, task) -> None:
+    """The finished run's record (``seqmix.run_record``): what a sweep report tabulates."""
+    checkpoints = trainer.checkpoint_callback
+    best = getattr(checkpoints, "best_model_score", None)
+    report = task.reports.get(task.test_split) if cfg.run_test else None
+    finish_record(
+        output_dir_of(cfg),
+        score=None if report is None else float(report.score),
+        score_name=None if report is None else report.headline.split(":")[0],
+        split=task.test_split if report is not None else None,
+        best_valid=None if best is None else float(best),
+        monitor=getattr(checkpoints, "monitor", None),
+        parameters=count_parameters(task.model),
+        updates=int(trainer.global_step),
+        epochs=int(trainer.current_epoch),
+        tokens_per_s=round(task.timed_tokens / task.timed_seconds, 1) if task.timed_seconds else None,
+        checkpoint=getattr(checkpoints, "best_model_path", None) or None,
+    )
 
 
 def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> float | None:

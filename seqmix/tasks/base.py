@@ -81,6 +81,7 @@ class SeqmixTask(L.LightningModule, ABC):
         self.run_config = run_config or {}
         self._eval_outputs: list = []
         self._last_step_time: float | None = None
+        self.timed_tokens, self.timed_seconds = 0, 0.0  # training throughput over the whole run (the run record's)
         self._first_nonfinite: Tensor | None = None  # step of the first non-finite loss (-1: none), on the device
         self.skipped_updates = 0  # updates dropped by nonfinite=skip (loss-scale skips of 16-mixed included)
         self._skipped_in_a_row = 0
@@ -125,6 +126,8 @@ class SeqmixTask(L.LightningModule, ABC):
         now = time.perf_counter()
         if self._last_step_time is not None:
             self.log("train/tokens_per_s", ntokens / max(now - self._last_step_time, 1e-9), on_step=True)
+            self.timed_tokens += ntokens
+            self.timed_seconds += now - self._last_step_time
         self._last_step_time = now
         bsz = batch["id"].numel()
         self.log("train/loss", loss.detach() / denom, on_step=True, on_epoch=True, batch_size=bsz)
@@ -239,6 +242,7 @@ class SeqmixTask(L.LightningModule, ABC):
 
     def on_validation_epoch_start(self) -> None:
         self._eval_outputs = []
+        self._last_step_time = None  # the next update's time must not include this validation
 
     on_test_epoch_start = on_validation_epoch_start
 
