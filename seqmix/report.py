@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from seqmix.errors import SeqmixError
+from seqmix.errors import SeqmixError, command_status
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.run_record import read_record
 
@@ -195,12 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="score: the final evaluation (run_test); best_valid: the best validation score")
     parser.add_argument("--out", help="folder for report.md/.csv/.png (default: the multirun folder)")
     args = parser.parse_args(argv)
-    try:
-        print(report(args.sweep_dir, args.metric, args.out), end="")
-    except SeqmixError as err:
-        print(f"seqmix: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return command_status(lambda: print(report(args.sweep_dir, args.metric, args.out), end=""))
 
 
 if __name__ == "__main__":

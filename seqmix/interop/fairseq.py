@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.checkpoint import load_checkpoint
-from seqmix.errors import SeqmixError
+from seqmix.errors import SeqmixError, command_status
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
 from seqmix.interop.fairseq_models import (
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--out", required=True, help="output folder")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+    def run() -> None:
         if args.command == "import":
             task = import_checkpoint(args.checkpoint, args.data_dir, args.out, args.source_lang, args.target_lang,
                                      args.bpe_codes, moses=not args.no_moses)
@@ -385,10 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"python generate.py ckpt_path={args.out} input=<file>")
         else:
             print(f"exported -> {export_checkpoint(args.checkpoint, args.out)}")
-    except SeqmixError as err:
-        print(f"seqmix: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+
+    return command_status(run)
 
 
 if __name__ == "__main__":
