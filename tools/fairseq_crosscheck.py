@@ -141,6 +141,17 @@ def fairseq_outputs(model, task, inputs: dict) -> dict:
         steps.append(model.get_normalized_probs(out, log_probs=True)[:, -1:])
     incremental = torch.cat(steps, dim=1)
     result = {"lprobs": per_sentence(full, inputs), "lprobs_incremental": per_sentence(incremental, inputs)}
+    # seqmix's beam search never outputs <s>; fairseq's SequenceGenerator only bans pad, and these random models
+    # give <s> an ordinary probability (trained ones never do): ban it here too, so the searches follow one rule
+    # (without this, fconv's hypotheses differed in 5 of 16 searches; re-scored, every position agreed to 1.9e-6)
+    normalized, bos = model.get_normalized_probs, task.target_dictionary.bos()
+
+    def without_bos(net_output, log_probs, sample=None):
+        lprobs = normalized(net_output, log_probs, sample)
+        lprobs[..., bos] = float("-inf")
+        return lprobs
+
+    model.get_normalized_probs = without_bos
     for name, beam in (("beam", GENERATION["beam_size"]), ("greedy", 1)):
         generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, len_penalty=1.0,
                                       max_len_a=GENERATION["max_len_a"], max_len_b=GENERATION["max_len_b"],
@@ -148,6 +159,7 @@ def fairseq_outputs(model, task, inputs: dict) -> dict:
         hyps = generator.generate([model], {"net_input": {"src_tokens": src, "src_lengths": lengths}})
         result[name] = [h[0]["tokens"].tolist() for h in hyps]
         result[f"{name}_scores"] = [float(h[0]["score"]) for h in hyps]
+    model.get_normalized_probs = normalized
     return result
 
 
