@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import statistics
 import sys
@@ -101,14 +102,19 @@ def _mean(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f}" if values else ""
 
 
+def metric_label(jobs: list[Job], metric: str) -> str:
+    """The metric's column name: the final score's own name (BLEU, perplexity, ...) or ``best_valid``."""
+    if metric != "score":
+        return metric
+    return next((j.record.get("score_name") for j in jobs if j.record.get("score_name")), "score")
+
+
 def table(jobs: list[Job], metric: str) -> tuple[list[str], list[list[str]], list[dict]]:
     """(header, rows, points): one row per setting (seeds grouped) and one per job that did not finish."""
     keys = varying_keys(jobs)
     row_keys = [k for k in keys if k != SEED]
-    score_name = next((j.record.get("score_name") for j in jobs if j.record.get("score_name")), "score")
-    metric_label = score_name if metric == "score" else metric
-    header = [*row_keys, "seeds" if SEED in keys else "jobs", "status", metric_label, "parameters", "updates",
-              "tokens/s", "wall (min)", "jobs"]
+    header = [*row_keys, "seeds" if SEED in keys else "jobs", "status", metric_label(jobs, metric), "parameters",
+              "updates", "tokens/s", "wall (min)", "jobs"]
     rows, points, groups = [], [], {}
     for job in jobs:
         groups.setdefault(tuple(job.overrides.get(k, "") for k in row_keys), []).append(job)
@@ -165,7 +171,7 @@ def plot(points: list[dict], metric_label: str, path: Path) -> None:
 def report(sweep_dir: str | Path, metric: str = "score", out: str | Path | None = None) -> str:
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise SeqmixError(f"{sweep_dir} is not a folder: give the multirun folder (multirun/<date>/<time>)")
+        raise SeqmixError(f"{sweep_dir} is not a folder: give the multirun folder (outputs/multiruns/<date_time>)")
     jobs = read_jobs(sweep_dir)
     if not jobs:
         raise SeqmixError(f"{sweep_dir} holds no Hydra jobs (no */.hydra/overrides.yaml): give the multirun folder")
@@ -173,24 +179,17 @@ def report(sweep_dir: str | Path, metric: str = "score", out: str | Path | None 
     out = Path(out) if out is not None else sweep_dir
     text = markdown(header, rows)
     atomic_write_text(out / "report.md", text)
-
-    def write_csv(f) -> None:
-        import io
-
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerows([header, *rows])
-        f.write(buffer.getvalue().encode("utf-8"))
-
-    atomic_write(out / "report.csv", write_csv)
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, *rows])
+    atomic_write_text(out / "report.csv", buffer.getvalue())
     if points:
-        plot(points, header[len(header) - 7], out / "report.png")
+        plot(points, metric_label(jobs, metric), out / "report.png")
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m seqmix.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dir", help="a multirun folder (multirun/<date>/<time>)")
+    parser.add_argument("sweep_dir", help="a multirun folder (outputs/multiruns/<date_time>)")
     parser.add_argument("--metric", default="score", choices=["score", "best_valid"],
                         help="score: the final evaluation (run_test); best_valid: the best validation score")
     parser.add_argument("--out", help="folder for report.md/.csv/.png (default: the multirun folder)")

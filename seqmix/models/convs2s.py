@@ -31,7 +31,7 @@ from seqmix.mixers.base import zero_padding
 from seqmix.mixers.conv_block import WindowState
 from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
 from seqmix.models.embeddings import PositionalEmbedding
-from seqmix.models.encoder_decoder import EncoderOut, check_decoder_start
+from seqmix.models.encoder_decoder import EncoderOut, check_decoder_start, check_joint_vocabulary
 from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState
 
@@ -232,10 +232,7 @@ class ConvS2S(nn.Module):
 
         enc_embed = normal_embedding_(nn.Embedding(src_vocab_size, enc["embed_dim"], padding_idx=padding_idx))
         if share_all_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise SeqmixError(f"share_all_embeddings needs one joint vocabulary, but the source has "
-                                  f"{src_vocab_size} symbols and the target {tgt_vocab_size} (seqmix's own data: "
-                                  "task.tokenizer.joint=true)")
+            check_joint_vocabulary(src_vocab_size, tgt_vocab_size)
             dec_embed = enc_embed
         else:
             dec_embed = normal_embedding_(nn.Embedding(tgt_vocab_size, dec["embed_dim"], padding_idx=padding_idx))

@@ -21,6 +21,13 @@ from seqmix.models.stack import DecoderState, Stack, stack_settings
 DECODER_STARTS = ("bos", "eos")
 
 
+def check_joint_vocabulary(src_vocab_size: int, tgt_vocab_size: int) -> None:
+    """share_all_embeddings ties one table to both sides: their vocabularies must be one."""
+    if src_vocab_size != tgt_vocab_size:
+        raise SeqmixError(f"share_all_embeddings needs one joint vocabulary, but the source has {src_vocab_size} "
+                          f"symbols and the target {tgt_vocab_size} (seqmix's own data: task.tokenizer.joint=true)")
+
+
 def check_decoder_start(decoder_start: str) -> str:
     """The first decoder input while training and decoding: ``bos`` (seqmix's default) or ``eos`` (what fairseq's
     models are trained with, so imported fairseq models need it)."""
@@ -79,10 +86,7 @@ class EncoderDecoder(nn.Module):
         enc_settings, dec_settings = stack_settings(encoder, False), stack_settings(decoder, True)
         enc_embed = token_embedding(src_vocab_size, embed_dim, padding_idx)
         if share_all_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise SeqmixError(f"share_all_embeddings needs one joint vocabulary, but the source has "
-                                  f"{src_vocab_size} symbols and the target {tgt_vocab_size} (seqmix's own data: "
-                                  "task.tokenizer.joint=true)")
+            check_joint_vocabulary(src_vocab_size, tgt_vocab_size)
             dec_embed = enc_embed
         else:
             dec_embed = token_embedding(tgt_vocab_size, embed_dim, padding_idx)
