@@ -76,14 +76,15 @@ class PrefixState(MixerState):
 class TaLK(ProjectedConvMixer):
     """``kernel_size`` (an int or one per layer) is the layer's maximum offset k: encoder l_max = r_max = k,
     decoder l_max = k, r_max = 0. ``right_kernel_size`` sets the encoder's r_max apart (the paper's Deep
-    CNN-DM model uses different left and right lists)."""
+    CNN-DM model uses different left and right lists). ``output_normalization=False`` sums the window instead of
+    dividing it by K (Table 7's ablation)."""
 
     state_class = PrefixState
 
     def __init__(self, embed_dim: int, num_heads: int, kernel_size: int | Sequence[int], causal: bool = False,
                  layer_idx: int = 0, glu: bool = True, offset_dropout: float = 0.0, input_dropout: float = 0.0,
                  conv_dim: int | None = None, kernel_backend: str = "auto",
-                 right_kernel_size: int | Sequence[int] | None = None) -> None:
+                 right_kernel_size: int | Sequence[int] | None = None, output_normalization: bool = True) -> None:
         super().__init__(embed_dim, kernel_size, causal, layer_idx, glu, input_dropout, conv_dim)
         if self.conv_dim % num_heads:
             raise SeqmixError(f"conv channels {self.conv_dim} must be divisible by num_heads {num_heads}")
@@ -94,6 +95,12 @@ class TaLK(ProjectedConvMixer):
         self.offset_dropout = offset_dropout
         self.kernel_backend = check_backend(kernel_backend)
         self.offset_proj = xavier_linear(self.conv_dim, num_heads * (1 if causal else 2))
+        self.output_normalization = output_normalization
+
+    def unnormalized(self, x: Tensor) -> Tensor:
+        """Without output normalization (Table 7's first row, which diverged) the window is summed, not averaged:
+        scaling the input by K undoes the 1/K inside every path (PyTorch, Triton, step)."""
+        return x if self.output_normalization else x * (self.l_max + self.r_max + 1)
 
     def offsets(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """Relative left/right extents σ ∈ [0, 1] per (b, t, head), then dropout (scaled by 1/(1−p))."""
@@ -109,6 +116,7 @@ class TaLK(ProjectedConvMixer):
 
     def core(self, x: Tensor) -> Tensor:
         left, right = self.offsets(x)
+        x = self.unnormalized(x)
         kernel = triton_function(self.kernel_backend, x, "talk", "talk")
         fn = talk_window_sum if kernel is None else kernel
         return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
@@ -120,6 +128,7 @@ class TaLK(ProjectedConvMixer):
         if state.prefix is None:
             state.prefix = x.new_zeros(bsz, self.l_max + 2, channels, dtype=dtype)
         left, _ = self.offsets(x)
+        x = self.unnormalized(x)
         outs = []
         for j in range(n):
             i = state.step

@@ -60,11 +60,12 @@ def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tens
     h = block_input(m, x, key_padding_mask)
     b, t, c = h.shape
     conv = m.conv
+    normalize = (lambda w: torch.softmax(w, dim=-1)) if conv.weight_softmax else (lambda w: w)
     if isinstance(m, DynamicConv):
         raw = h @ conv.weight_linear.weight.double().T
-        taps = torch.softmax(raw.view(b, t, conv.num_heads, conv.kernel_size), dim=-1)
+        taps = normalize(raw.view(b, t, conv.num_heads, conv.kernel_size))
     else:
-        taps = torch.softmax(conv.weight.double().squeeze(1), dim=-1).expand(b, t, -1, -1)
+        taps = normalize(conv.weight.double().squeeze(1)).expand(b, t, -1, -1)
     heads_of_channel = torch.arange(c) // (c // conv.num_heads)
     pad = m.padding_l
     y = torch.zeros_like(h)
@@ -78,12 +79,12 @@ def head_conv_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tens
 
 def talk_reference(m, x: torch.Tensor, key_padding_mask=None) -> torch.Tensor:
     """Lioutas & Guo 2020 §3 in integral form: y_i = (1/K) ∫_{a_l}^{a_r+1} x[⌊t⌋] dt, computed as the overlap
-    of each unit bin [j, j+1) with the window (no prefix sums), float64."""
+    of each unit bin [j, j+1) with the window (no prefix sums), float64; without output normalization, no 1/K."""
     h = block_input(m, x, key_padding_mask)
     b, t, c = h.shape
     heads = m.num_heads
     sigma = torch.sigmoid(h @ m.offset_proj.weight.double().T + m.offset_proj.bias.double())
-    norm = m.l_max + m.r_max + 1
+    norm = m.l_max + m.r_max + 1 if m.output_normalization else 1
     bins = torch.arange(t, dtype=torch.float64)
     y = torch.zeros_like(h)
     for i in range(t):
@@ -127,6 +128,10 @@ VARIANTS = {
     # even kernel: fairseq's encoder convention (K−1)//2 taps on the left
     "dynamicconv_even_k": ("dynamicconv", {"kernel_size": 4, "glu": False}, 2),
     "talk_no_glu_k1": ("talk", {"kernel_size": 1, "glu": False}, 2),
+    # the ablation rows' settings (conf/ablation): Wu 2019's CNN Depthwise / no-softmax DynamicConv, TaLK unnormalized
+    "lightconv_depthwise_raw": ("lightconv", {"glu": False, "weight_softmax": False}, C),
+    "dynamicconv_raw": ("dynamicconv", {"weight_softmax": False}, 2),
+    "talk_unnormalized": ("talk", {"output_normalization": False}, 1),
 }
 GROUP = mixer_names([TEST_CONF])
 MIXERS = {**{name: (name, {}, H) for name in GROUP}, **VARIANTS}
