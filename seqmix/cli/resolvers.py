@@ -1,4 +1,5 @@
-"""OmegaConf resolvers used by conf/: the project root, wandb's online/offline choice and the CPU recipes' precision."""
+"""OmegaConf resolvers used by conf/: the project root, wandb's online/offline choice, tags and group, and the CPU
+recipes' precision."""
 
 from __future__ import annotations
 
@@ -32,6 +33,52 @@ def wandb_offline() -> bool:
         return True
 
 
+def _hydra_choices() -> tuple[dict, str | None]:
+    """(the run's config-group choices, its sweep folder when it is a multirun job)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {}, None
+    hydra = HydraConfig.get()
+    return dict(hydra.runtime.choices), hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else None
+
+
+def _mixer_names(model) -> list[str]:
+    """The mixer group names (conf/mixer) of a model's stacks, hybrid legends included."""
+    from seqmix.mixers.group import mixer_name_of
+
+    targets = []
+    for side in ("encoder", "decoder"):
+        node = model.get(side) if hasattr(model, "get") else None
+        if node is None or not hasattr(node, "get"):
+            continue
+        targets += [m.get("_target_") for m in [node.get("mixer"), *(node.get("legend") or {}).values()]
+                    if m is not None and hasattr(m, "get")]
+    return sorted({mixer_name_of(t) for t in targets if t})
+
+
+def run_tags(user_tags, *, _root_) -> list[str]:
+    """wandb tags: task=, model=, mixer= (each mixer of the stacks), experiment= and sweep= (a multirun's folder),
+    then the user's ``tags``, so that runs can be filtered by what they ran."""
+    choices, sweep = _hydra_choices()
+    tags = [f"task={_root_.task.name}", f"model={_root_.model.name}"]
+    tags += [f"mixer={name}" for name in _mixer_names(_root_.model)]
+    if choices.get("experiment"):
+        tags.append(f"experiment={choices['experiment']}")
+    if sweep:
+        tags.append(f"sweep={Path(sweep).name}")
+    return tags + [str(t) for t in (user_tags or []) if str(t) not in tags]
+
+
+def run_group(default: str, *, _root_) -> str:
+    """wandb group: a multirun's jobs share one (experiment or task, and the sweep folder's name); else ``default``."""
+    choices, sweep = _hydra_choices()
+    if not sweep:
+        return default
+    return f"{choices.get('experiment') or _root_.task.name}-{Path(sweep).name}"
+
+
 def cpu_training_precision() -> str:
     """Lightning's precision for the CPU recipes: ``bf16-mixed`` where the CPU multiplies bf16 natively (AVX512-BF16
     or AMX: 1.3-1.4x the fp32 tokens/s of every Multi30k recipe, the same loss per update), else ``32-true``:
@@ -46,5 +93,7 @@ def cpu_training_precision() -> str:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("seqmix_root", project_root, replace=True)
     OmegaConf.register_new_resolver("seqmix_wandb_offline", wandb_offline, replace=True)
+    OmegaConf.register_new_resolver("seqmix_run_tags", run_tags, replace=True)
+    OmegaConf.register_new_resolver("seqmix_run_group", run_group, replace=True)
     OmegaConf.register_new_resolver("seqmix_cpu_training_precision", cpu_training_precision, replace=True)
     OmegaConf.register_new_resolver("seqmix_slurm_job_folder", slurm_job_folder, replace=True, use_cache=True)

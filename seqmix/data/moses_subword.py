@@ -182,6 +182,11 @@ class MosesSubwordTokenizer:
             return self._detok.detokenize(text.split(), unescape=self.escape)
         return text
 
+    def piece(self, i: int, side: str = "target") -> str:
+        """The dictionary symbol of id ``i`` on ``side`` (source | target)."""
+        dictionary = self.source_dict if side == "source" else self.target_dict
+        return dictionary[int(i)] if 0 <= int(i) < len(dictionary) else "<unk>"
+
     def normalize_reference(self, text: str) -> str:
         """Raw references are compared with detokenized hypotheses: only whitespace runs are collapsed."""
         return " ".join(text.split())

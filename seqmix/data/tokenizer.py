@@ -100,6 +100,10 @@ class Tokenizer:
                 out.append(i)
         return self._hf.decode(out, skip_special_tokens=False)
 
+    def piece(self, i: int, side: str = "target") -> str:
+        """The vocabulary piece of id ``i`` (one vocabulary for both sides)."""
+        return self._hf.id_to_token(int(i)) or "<unk>"
+
     def normalize_reference(self, text: str) -> str:
         """The form ``decode`` produces for ``text``: what references must look like for scoring."""
         return self._hf.normalizer.normalize_str(text)

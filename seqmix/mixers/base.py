@@ -52,6 +52,12 @@ class TokenMixer(nn.Module, metaclass=ABCMeta):
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: MixerState | None = None) -> Tensor:
         """(B, T, C) → (B, T, C); with ``state``, ``x`` holds only the new step(s) of a causal mixer."""
 
+    def mixing_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor | None:
+        """What the mixer does to ``x`` (the input ``forward`` takes) as weights: (B, H, T, T), how much output
+        step t takes from step s per head, as in Wu et al. 2019's figures; pictured on the run's dashboard
+        (``seqmix.dashboard``). None: the mixer's mixing is not a weighted sum over steps."""
+        return None
+
 
 def check_incremental_call(mixer: TokenMixer, x: Tensor, state: MixerState | None) -> None:
     """Incremental calls only make sense for causal mixers; say so instead of returning garbage."""

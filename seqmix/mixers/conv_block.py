@@ -85,13 +85,23 @@ class ProjectedConvMixer(TokenMixer):
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, state: WindowState | None = None) -> Tensor:
         check_incremental_call(self, x, state)
-        x = dropout(x, p=self.input_dropout, training=self.training)
+        x = self.core_input(dropout(x, p=self.input_dropout, training=self.training), key_padding_mask)
+        y = self.core(x) if state is None else self.step(x, state)
+        return self.linear2(y)
+
+    def core_input(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """Input projection (and GLU), pads zeroed: what the core op mixes."""
         x = self.linear1(x)
         if self.glu:
             x = F.glu(x, dim=-1)
-        x = zero_padding(x, key_padding_mask)
-        y = self.core(x) if state is None else self.step(x, state)
-        return self.linear2(y)
+        return zero_padding(x, key_padding_mask)
+
+    def mixing_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor | None:
+        return self.core_weights(self.core_input(x, key_padding_mask))
+
+    def core_weights(self, x: Tensor) -> Tensor | None:
+        """The core op on ``x`` (B, T, conv_dim) as (B, H, T, T) weights, when it is a weighted sum over steps."""
+        return None
 
     def step(self, x: Tensor, state: WindowState) -> Tensor:
         """New step(s) of a causal layer: run the op over [cache, x] and keep the outputs of x.
@@ -138,6 +148,19 @@ class HeadConvMixer(ProjectedConvMixer):
 
     def core(self, x: Tensor) -> Tensor:
         return self.conv(x, self.padding_l)
+
+    def core_weights(self, x: Tensor) -> Tensor:
+        """The taps laid on their band: weight[b, h, t, t + k − padding_l] = tap k of step t."""
+        bsz, length, _ = x.shape
+        taps = self.conv.taps(x)
+        taps = taps.expand(bsz, length, -1, -1) if taps.dim() == 2 else taps  # (B, T, H, K)
+        band = taps.new_zeros(bsz, self.conv.num_heads, length, length)
+        steps = torch.arange(length, device=x.device)
+        for k in range(self.kernel_size):
+            source = steps + k - self.padding_l
+            inside = (source >= 0) & (source < length)
+            band[:, :, steps[inside], source[inside]] = taps[:, inside, :, k].transpose(1, 2)
+        return band
 
     def step(self, x: Tensor, state: RingState) -> Tensor:
         """New step(s), one matrix-vector product per head each: the taps of the new input only (a DynamicConv

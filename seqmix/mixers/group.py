@@ -43,6 +43,14 @@ def mixer_class(name: str, extra_conf_dirs: Iterable[str | Path] = ()) -> type[T
     return get_class(mixer_config(name, extra_conf_dirs)._target_)
 
 
+def mixer_name_of(target: str, extra_conf_dirs: Iterable[str | Path] = ()) -> str:
+    """The group name of the mixer class ``target`` (its ``_target_``); the class name, lowercased, if none."""
+    for name in mixer_names(extra_conf_dirs):
+        if mixer_config(name, extra_conf_dirs).get("_target_") == target:
+            return name
+    return target.rsplit(".", 1)[-1].lower()
+
+
 def mixer_factory(name: str, extra_conf_dirs: Iterable[str | Path] = (), **options) -> partial:
     """The mixer's partial from its config, with ``options`` overriding the file's values."""
     cfg = OmegaConf.merge(mixer_config(name, extra_conf_dirs), options)

@@ -81,3 +81,15 @@ class SelfAttention(TokenMixer):
         offset = state.length
         k, v = state.append(attn.k_proj(x), attn.v_proj(x), attn.num_heads)
         return attn.attend(q, k, v, None, causal_offset=offset)  # decoding prefixes carry no padding
+
+    def mixing_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """The attention probabilities softmax(QKᵀ/√d) per head (without dropout)."""
+        attn = self.attn
+        q, k = attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(x))
+        scores = (q @ k.transpose(-1, -2)).float() / attn.head_dim ** 0.5
+        t = x.size(1)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1)

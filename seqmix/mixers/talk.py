@@ -121,6 +121,18 @@ class TaLK(ProjectedConvMixer):
         fn = talk_window_sum if kernel is None else kernel
         return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
 
+    def core_weights(self, x: Tensor) -> Tensor:
+        """Each step's window as weights: the overlap of step s's unit bin [s, s+1) with [a_l, a_r + 1), over K."""
+        left, right = self.offsets(x)
+        length = x.size(1)
+        pos = torch.arange(length, device=x.device, dtype=left.dtype).view(1, length, 1)
+        start = (pos - left.clamp(0, self.max_offset()) * self.l_max).clamp(0, length - 1)
+        end = pos + 1 if right is None else (pos + right.clamp(0, self.max_offset()) * self.r_max).clamp(0, length - 1) + 1
+        bins = torch.arange(length, device=x.device, dtype=left.dtype)
+        overlap = (torch.minimum(bins + 1, end.unsqueeze(-1)) - torch.maximum(bins, start.unsqueeze(-1))).clamp(min=0)
+        norm = self.l_max + self.r_max + 1 if self.output_normalization else 1
+        return overlap.permute(0, 2, 1, 3) / norm  # (B, T, H, S) → (B, H, T, S)
+
     def step(self, x: Tensor, state: PrefixState) -> Tensor:
         """O(1) per step: extend the running prefix sum, interpolate at the left boundary."""
         bsz, n, channels = x.shape

@@ -45,6 +45,8 @@ class Report:
     headline: str
     details: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # logged as <prefix>/<name> during training
+    # (source, output, reference) of every example in dataset order, for the dashboard's samples table
+    examples: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def all_gather_objects(obj) -> list:
@@ -222,6 +224,11 @@ class SeqmixTask(L.LightningModule, ABC):
         return {"optimizer": optimizer, "lr_scheduler": config}
 
     # --- evaluation ----------------------------------------------------------------------------
+    def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
+        """The token ids each side of the model reads in ``batch``'s first row ({"encoder": ..., "decoder": ...}):
+        the labels of the dashboard's mixer pictures (``seqmix.dashboard``); {} pictures steps by number."""
+        return {}
+
     def eval_outputs(self, batch: dict) -> list:
         """Per-example outputs kept for ``corpus_report`` (e.g. decoded hypotheses), in batch order."""
         return []

@@ -67,6 +67,9 @@ class LanguageModelingTask(SeqmixTask):
         return {"tokens_per_sample": int(data.tokens_per_sample), "break_mode": str(data.break_mode),
                 "eval_context": int(data.eval_context)}
 
+    def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
+        return {"decoder": batch["tokens"][0]}
+
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Plain NLL (no label smoothing: it would need the full softmax the adaptive one avoids)."""
         nll = self.model.nll(self.model(batch["tokens"]), batch["target"]).sum()

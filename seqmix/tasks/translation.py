@@ -55,6 +55,9 @@ class TranslationTask(SeqmixTask):
         """The decoder's first input id: bos, or eos for models trained as fairseq's (``model.decoder_start``)."""
         return self.tokenizer.eos if getattr(self.model, "decoder_start", "bos") == "eos" else self.tokenizer.bos
 
+    def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
+        return {"encoder": batch["src_tokens"][0], "decoder": self.decoder_inputs(batch)[0]}
+
     def decoder_inputs(self, batch: dict) -> Tensor:
         """``prev_output_tokens`` starting with the model's start symbol: the collate functions put bos in column 0
         of every row (targets shifted right, right-padded), which an eos-start model replaces."""
@@ -127,7 +130,9 @@ class TranslationTask(SeqmixTask):
         refs = source.reference_sets(split)
         outputs = [by_id.get(i, ("", None)) for i in range(len(refs))]
         iterations = [n for _, n in outputs if n is not None] or None
-        report = self.decoding_report([h for h, _ in outputs], refs, source.datasets[split].src_texts, iterations)
+        hypotheses, sources = [h for h, _ in outputs], source.datasets[split].src_texts
+        report = self.decoding_report(hypotheses, refs, sources, iterations)
+        report.examples = [(src, hyp, ref[0] if ref else "") for src, hyp, ref in zip(sources, hypotheses, refs)]
         for name, value in report.metrics.items():
             self.log(f"{prefix}/{name}", value, sync_dist=False)
         return report
