@@ -59,7 +59,7 @@ class Dashboard(Callback):
         params = {**getattr(pl_module, "run_config", {}), "parameters": count_parameters(pl_module.model)}
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
-        for logger in _wandb_loggers(trainer):
+        for logger in _wandb_loggers(trainer) if trainer.is_global_zero else []:  # other ranks: a dummy run
             logger.experiment.summary["parameters"] = params["parameters"]
 
     # --- capture one sentence's mixing weights during the first validation batch ------------------------------

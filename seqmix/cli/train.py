@@ -58,7 +58,8 @@ def finish_wandb() -> None:
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps) or None."""
+    """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps), with run_test=false
+    its best validation score, or None."""
     settle_mixer_choice(cfg)
     if cfg.dry_run:
         dry_run(cfg)
@@ -96,11 +97,12 @@ def train(cfg: DictConfig) -> float | None:
             stopped_by_signal(trainer, preemption)
         if trainer.interrupted:
             raise SeqmixError("training was interrupted; resume with ckpt_path=<run dir>/checkpoints/last.ckpt")
-        score = None
-        if cfg.run_test:
-            score = final_evaluation(cfg, trainer, task, datamodule)
+        score = final_evaluation(cfg, trainer, task, datamodule) if cfg.run_test else None
         if trainer.is_global_zero:
             record_results(cfg, trainer, task)
+        if score is None:  # run_test=false: the best validation score (what a sweeper such as Optuna optimizes)
+            best = getattr(trainer.checkpoint_callback, "best_model_score", None)
+            score = None if best is None else float(best)
         return score
     finally:
         finish_wandb()
