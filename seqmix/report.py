@@ -103,7 +103,11 @@ def _mean(values: list[float], digits: int) -> str:
 
 
 def metric_label(jobs: list[Job], metric: str) -> str:
-    """The metric's column name: the final score's own name (BLEU, perplexity, ...) or ``best_valid``."""
+    """The metric's column name: the final score's own name (BLEU, perplexity, ...) or the best of the validation
+    metric the checkpoints were chosen by (``best val/bleu``)."""
+    if metric == "best_valid":
+        monitor = next((j.record.get("monitor") for j in jobs if j.record.get("monitor")), None)
+        return f"best {monitor}" if monitor else metric
     if metric != "score":
         return metric
     return next((j.record.get("score_name") for j in jobs if j.record.get("score_name")), "score")
@@ -114,7 +118,7 @@ def table(jobs: list[Job], metric: str) -> tuple[list[str], list[list[str]], lis
     keys = varying_keys(jobs)
     row_keys = [k for k in keys if k != SEED]
     header = [*row_keys, "seeds" if SEED in keys else "jobs", "status", metric_label(jobs, metric), "parameters",
-              "updates", "tokens/s", "wall (min)", "jobs"]
+              "updates", "tokens/s", "wall (min)", "folders"]
     rows, points, groups = [], [], {}
     for job in jobs:
         groups.setdefault(tuple(job.overrides.get(k, "") for k in row_keys), []).append(job)

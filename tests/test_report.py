@@ -79,6 +79,14 @@ def test_seeds_group_as_mean_and_std_and_unfinished_jobs_are_listed(tmp_path):
     assert rows[2][0] == "dynamicconv" and rows[2][2] == "unfinished" and rows[2][-1] == "3"
     assert [(r[0], r[2]) for r in rows[3:]] == [("talk", "not started"), ("talk", "not started")]
 
+    # by the best validation score: the column says which metric the checkpoints were chosen by
+    for name, value in (("0", 29.0), ("1", 31.5), ("2", 30.0)):
+        record = json.loads((sweep / name / "run.json").read_text())
+        (sweep / name / "run.json").write_text(json.dumps({**record, "best_valid": value, "monitor": "val/bleu"}))
+    lines = report(sweep, metric="best_valid").splitlines()
+    assert lines[0].split("|")[4].strip() == "best val/bleu" and lines[0].split("|")[-2].strip() == "folders"
+    assert [c.strip() for c in lines[2].split("|")[1:-1]][3] == f"30.25 ± {statistics.stdev([29.0, 31.5]):.2f}"
+
 
 def test_a_folder_without_jobs_is_one_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(tmp_path)], capture_output=True, text=True,
