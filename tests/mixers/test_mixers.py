@@ -161,13 +161,18 @@ def reference(name):
     return REFERENCES[MIXERS[name][0]]
 
 
+def padded_batch(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of length ``t``, the second padded in its last 3 steps (keeping at least one)."""
+    mask = torch.zeros(2, t, dtype=torch.bool)
+    mask[1, max(1, t - 3):] = True
+    return torch.randn(2, t, C), mask
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("t", [1, 7, 13])
 def test_matches_reference(mixer_name, causal, t):
     m = make(mixer_name, causal)
-    x = torch.randn(2, t, C)
-    mask = torch.zeros(2, t, dtype=torch.bool)
-    mask[1, max(1, t - 3):] = True
+    x, mask = padded_batch(t)
     ref = reference(mixer_name)(m, x, mask if not causal else None)
     out = m(x, key_padding_mask=mask if not causal else None)
     keep = ~mask if not causal else torch.ones_like(mask)
@@ -195,9 +200,7 @@ def output_from_mixing_weights(m, x: torch.Tensor, mask) -> torch.Tensor | None:
 @pytest.mark.parametrize("t", [1, 6, 13])
 def test_mixing_weights_rebuild_the_output(mixer_name, causal, t):
     m = make(mixer_name, causal)
-    x = torch.randn(2, t, C)
-    mask = torch.zeros(2, t, dtype=torch.bool)
-    mask[1, max(1, t - 3):] = True
+    x, mask = padded_batch(t)
     rebuilt = output_from_mixing_weights(m, x, mask if not causal else None)
     if MIXERS[mixer_name][0] == "ema":
         assert rebuilt is None  # the test tree's mixer declares no weights: pictured as nothing
