@@ -57,6 +57,10 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         return {**super().options_from_config(cfg), "nat": from_config(cfg, "nat", NATOptions)}
 
     # --- training ------------------------------------------------------------------------------
+    def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
+        """The decoder reads the target's positions (partly masked), not the target shifted right."""
+        return {"encoder": batch["src_tokens"][0], "decoder": batch["target"][0]}
+
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         target = batch["target"]
         model = self.model
