@@ -1,5 +1,5 @@
 """The dashboard of a real tiny run, read back from wandb's offline run folder (its transaction log and media files),
-not from a mock: the composed config and parameter count, tags and group, the samples table after each validation,
+not from a mock: the composed config and parameter count (also in the CSV logger's hparams.yaml), tags and group, the samples table after each validation,
 and the mixer pictures as wandb images and as PNG files in the run folder."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def offline_run(records: list) -> dict:
 
 def test_the_offline_wandb_run_holds_config_tags_samples_and_mixer_pictures(tmp_path):
     steps = 30
-    proc = run("train.py", [*TINY, "logger=wandb", "mixer@model.encoder.mixer=dynamicconv",
+    proc = run("train.py", [*TINY, "logger=[csv,wandb]", "mixer@model.encoder.mixer=dynamicconv",
                             "mixer@model.decoder.mixer=talk", "model.encoder.mixer.kernel_size=3",
                             "model.decoder.mixer.kernel_size=3", f"trainer.max_steps={steps}",
                             "trainer.max_epochs=-1", "+trainer.val_check_interval=15",
@@ -92,6 +92,11 @@ def test_the_offline_wandb_run_holds_config_tags_samples_and_mixer_pictures(tmp_
     assert config["task"]["name"] == composed["task"]["name"] and config["optim"]["lr"] == composed["optim"]["lr"]
     record = json.loads((run_dir / "run.json").read_text())
     assert config["parameters"] == record["parameters"] == logged["summary"]["parameters"] > 0
+    [hparams] = (run_dir / "csv").glob("version_*/hparams.yaml")  # the CSV logger gets them too
+    hparams = yaml.safe_load(hparams.read_text())
+    # every composed key but the top-level mixer choice, which the sides' own mixer nodes replace
+    assert set(hparams) == set(composed) - {"mixer"} | {"parameters"} and hparams["parameters"] == record["parameters"]
+    assert all(hparams[k] == config[k] for k in ("task", "model", "optim", "scheduler", "trainer", "callbacks"))
 
     # tags and group
     tags = set(logged["run"].tags)
