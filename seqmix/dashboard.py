@@ -5,7 +5,6 @@ sentence (``seqmix.mixer_pictures``), saved as PNG files in the run folder and l
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from pathlib import Path
 
@@ -17,8 +16,6 @@ from lightning.pytorch.loggers import WandbLogger
 from seqmix.mixer_pictures import draw_mixing, readable
 from seqmix.mixers.base import TokenMixer
 from seqmix.models.encoder_decoder import count_parameters
-
-log = logging.getLogger("seqmix")
 
 _SIDE_OF_TOKENS = {"encoder": "source", "decoder": "target"}
 _SAMPLE_CHARS = 400  # a long source (a summarization document) is cut in the table
@@ -126,15 +123,14 @@ class Dashboard(Callback):
 
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
         for side, mixers in _mixers_by_side(pl_module).items():
-            layers = []
-            for layer, (name, mixer) in enumerate(mixers):
-                if name not in self._captured:
-                    continue
-                weights, keep = self._captured[name]
-                keep = self._kept_steps(side, keep, weights.size(-1), pl_module.tokenizer.pad)
-                layers.append((f"layer {layer + 1} {type(mixer).__name__}", weights.cpu()[:, keep][:, :, keep]))
-            if not layers:
+            captured = [(layer, mixer, *self._captured[name]) for layer, (name, mixer) in enumerate(mixers)
+                        if name in self._captured]
+            if not captured:
                 continue
+            _, _, first, mask_keep = captured[0]  # one sentence: every layer of a side has the same steps
+            keep = self._kept_steps(side, mask_keep, first.size(-1), pl_module.tokenizer.pad)
+            layers = [(f"layer {layer + 1} {type(mixer).__name__}", weights.cpu()[:, keep][:, :, keep])
+                      for layer, mixer, weights, _ in captured]
             path = self.pictures_dir / f"{side}-step{step:06d}.png"
             draw_mixing(layers, self._labels(pl_module.tokenizer, side, keep),
                         f"{side} mixing weights after {step} updates (rows: outputs, columns: inputs)", path,

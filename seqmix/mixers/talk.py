@@ -40,6 +40,18 @@ def interpolate_prefix(prefix: Tensor, u: Tensor) -> Tensor:
     return p_lo + frac * (p_hi - p_lo)
 
 
+def window_bounds(left: Tensor, right: Tensor | None, l_max: int, r_max: int,
+                  max_offset: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(a_l, a_r + 1) per (b, t, head) from the offsets (B, T, H), clamped to [0, max_offset] and to the sequence;
+    ``right=None`` is the decoder (a_r = t)."""
+    length = left.size(1)
+    pos = torch.arange(length, device=left.device, dtype=left.dtype).view(1, length, 1)
+    start = (pos - left.clamp(0, max_offset) * l_max).clamp(0, length - 1)
+    if right is None:
+        return start, (pos + 1).expand_as(start)
+    return start, (pos + right.clamp(0, max_offset) * r_max).clamp(0, length - 1) + 1
+
+
 def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r_max: int,
                     max_offset: float = 1.0) -> Tensor:
     """The fast PyTorch path. x: (B, T, C), pads already zero; left/right: (B, T, H) offsets, clamped to
@@ -52,12 +64,7 @@ def talk_window_sum(x: Tensor, left: Tensor, right: Tensor | None, l_max: int, r
     norm = l_max + r_max + 1
     prefix = F.pad(torch.cumsum(x.to(dtype) / norm, dim=1), (0, 0, 1, 0))  # S[s] = Σ_{j<s} x_j / K
     prefix = prefix.view(bsz, length + 1, heads, channels // heads)
-    pos = torch.arange(length, device=x.device, dtype=dtype).view(1, length, 1)
-    start = (pos - left.to(dtype).clamp(0, max_offset) * l_max).clamp(0, length - 1)
-    if right is None:
-        end = (pos + 1).expand_as(start)
-    else:
-        end = (pos + right.to(dtype).clamp(0, max_offset) * r_max).clamp(0, length - 1) + 1
+    start, end = window_bounds(left.to(dtype), None if right is None else right.to(dtype), l_max, r_max, max_offset)
     out = interpolate_prefix(prefix, end) - interpolate_prefix(prefix, start)
     return out.reshape(bsz, length, channels).to(x.dtype)
 
@@ -124,14 +131,11 @@ class TaLK(ProjectedConvMixer):
     def core_weights(self, x: Tensor) -> Tensor:
         """Each step's window as weights: the overlap of step s's unit bin [s, s+1) with [a_l, a_r + 1), over K."""
         left, right = self.offsets(x)
-        length = x.size(1)
-        pos = torch.arange(length, device=x.device, dtype=left.dtype).view(1, length, 1)
-        start = (pos - left.clamp(0, self.max_offset()) * self.l_max).clamp(0, length - 1)
-        end = pos + 1 if right is None else (pos + right.clamp(0, self.max_offset()) * self.r_max).clamp(0, length - 1) + 1
-        bins = torch.arange(length, device=x.device, dtype=left.dtype)
+        start, end = window_bounds(left, right, self.l_max, self.r_max, self.max_offset())
+        bins = torch.arange(x.size(1), device=x.device, dtype=left.dtype)
         overlap = (torch.minimum(bins + 1, end.unsqueeze(-1)) - torch.maximum(bins, start.unsqueeze(-1))).clamp(min=0)
-        norm = self.l_max + self.r_max + 1 if self.output_normalization else 1
-        return overlap.permute(0, 2, 1, 3) / norm  # (B, T, H, S) → (B, H, T, S)
+        # (B, T, H, S) → (B, H, T, S), over K as the window sum divides (undone as the core's input is)
+        return self.unnormalized(overlap.permute(0, 2, 1, 3) / (self.l_max + self.r_max + 1))
 
     def step(self, x: Tensor, state: PrefixState) -> Tensor:
         """O(1) per step: extend the running prefix sum, interpolate at the left boundary."""
