@@ -3,9 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-from seqmix.cli.common import user_errors_exit
-from seqmix.cli.resolvers import register_resolvers
-from seqmix.cli.user_errors import run_entry_point
+from seqmix.cli.common import run_entry_point, user_errors_exit
+from seqmix.config.resolvers import register_resolvers
 
 register_resolvers()
 

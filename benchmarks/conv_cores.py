@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from benchmarks import common
 from benchmarks.plotting import line_panels
-from seqmix.mixers.banded import banded_conv
+from seqmix.layers.banded import banded_conv
 
 FIELDS = "core impl T batch padding_l status fwd_bwd_ms tokens_per_s speed_ratio note"
 IMPLS = ("seqmix", "fairseq_unfold", "fairseq_expanded")

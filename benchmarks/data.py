@@ -83,7 +83,7 @@ def child(spec: dict) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from seqmix.cli.resolvers import register_resolvers
+    from seqmix.config.resolvers import register_resolvers
 
     register_resolvers()
     torch.set_num_threads(1)

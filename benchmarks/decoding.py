@@ -73,7 +73,7 @@ def checkpoints(s: Settings, nat: bool) -> dict[str, Path]:
 
 def load(ckpt: Path, s: Settings, device: torch.device) -> SimpleNamespace:
     """The checkpoint's task on ``device`` and the (first ``s.limit``) val sentences, encoded and checked by it."""
-    from seqmix.checkpoint import load_task
+    from seqmix.config.build import load_task
     from seqmix.data import LocalParallelSource
     from seqmix.models import count_parameters
 

@@ -15,7 +15,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.plotting import line_panels
-from seqmix.mixers.group import mixer_class, mixer_config, mixer_factory, mixer_names
+from seqmix.config.mixer_group import mixer_class, mixer_config, mixer_factory, mixer_names
 from seqmix.models.stack import build_mixer
 
 BASELINE = "self_attention"

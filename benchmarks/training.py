@@ -52,7 +52,7 @@ def compose_recipe(model: str, overrides=()):
     """The run config ``train.py experiment=...`` gets (no logger, output folder pinned)."""
     from hydra import compose, initialize_config_dir
 
-    from seqmix.cli.resolvers import register_resolvers
+    from seqmix.config.resolvers import register_resolvers
 
     register_resolvers()
     if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment_of(model)}.yaml").is_file():
@@ -90,8 +90,8 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
     """``s.warmup`` untimed then ``s.repeats`` timed updates of the recipe, fitted as train.py fits it."""
     from hydra.utils import instantiate
 
+    from seqmix.config.build import build_task
     from seqmix.models import count_parameters
-    from seqmix.tasks.factory import build_task
 
     cfg = compose_recipe(model, overrides)
     accum, updates = int(cfg.trainer.get("accumulate_grad_batches") or 1), s.warmup + s.repeats

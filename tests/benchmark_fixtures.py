@@ -1,5 +1,5 @@
 """For the benchmark tests: tiny, randomly initialized Multi30k checkpoints (the real recipes' configs, shrunk) that
-load through ``seqmix.checkpoint.load_task`` (as generate.py does) like trained ones, a tiny val set, and wrong mixers
+load through ``seqmix.training.checkpoints.load_task`` (as generate.py does) like trained ones, a tiny val set, and wrong mixers
 joined to the mixer group through a config folder, as a plugin's would be."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from seqmix.cli.resolvers import register_resolvers
+from seqmix.config.build import build_task, to_container
+from seqmix.config.resolvers import register_resolvers
 from seqmix.data.tokenizer import train_tokenizer
 from seqmix.mixers.base import TokenMixer
-from seqmix.tasks.factory import build_task, to_container
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import common, mixers
 from benchmarks import run as bench_run
-from seqmix.mixers.group import mixer_names
+from seqmix.config.mixer_group import mixer_names
 from tests.benchmark_fixtures import (
     FastPathMixer,
     NaNMixer,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks import conv_cores
-from seqmix.mixers.banded import banded_conv
+from seqmix.layers.banded import banded_conv
 
 
 @pytest.mark.parametrize("impl", [conv_cores.fairseq_unfold, conv_cores.fairseq_expanded])

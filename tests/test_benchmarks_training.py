@@ -11,8 +11,8 @@ import torch
 
 from benchmarks import run as bench_run
 from benchmarks import training
+from seqmix.config.build import task_class
 from seqmix.models import count_parameters
-from seqmix.tasks.factory import task_class
 from tests.benchmark_fixtures import one_thread  # noqa: F401  (autouse fixture)
 
 SMALL = training.Settings(models=("convs2s_small", "nope_small"), warmup=0, repeats=2, max_tokens=128)

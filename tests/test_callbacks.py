@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from seqmix.callbacks import LastCheckpoint
+from seqmix.training.checkpoints import LastCheckpoint
 
 BATCHES = 2
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from seqmix.checkpoint import check_resumable, load_weights
-from seqmix.checkpoint_io import AtomicCheckpointIO
 from seqmix.errors import SeqmixError
+from seqmix.training.checkpoints import AtomicCheckpointIO, check_resumable, load_weights
 
 
 class Vocabulary:

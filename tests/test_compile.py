@@ -22,11 +22,11 @@ from omegaconf import open_dict
 from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader
 
-from seqmix.checkpoint import load_weights
-from seqmix.cli.resolvers import register_resolvers
-from seqmix.compile import check_setting, enabled
+from seqmix.config.build import build_task
+from seqmix.config.resolvers import register_resolvers
 from seqmix.errors import SeqmixError
-from seqmix.tasks.factory import build_task
+from seqmix.models.compiled import check_setting, enabled
+from seqmix.training.checkpoints import load_weights
 
 register_resolvers()
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -20,16 +20,16 @@ from torch._dynamo.utils import counters
 
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch, NATOptions
-from seqmix.generation.compiled import (
+from seqmix.generation.nat_decoding import IterativeDecoder
+from seqmix.mixers import DynamicConv, LightConv, SelfAttention
+from seqmix.models import EncoderDecoder
+from seqmix.models.compiled import (
     CompiledDecoding,
     check_decoding_setting,
     decoding_enabled,
     for_decoding,
 )
-from seqmix.generation.nat_decoding import IterativeDecoder
-from seqmix.mixers import DynamicConv, LightConv, SelfAttention
-from seqmix.mixers.disco import DisCoAttention
-from seqmix.models import EncoderDecoder
+from seqmix.models.disco_attention import DisCoAttention
 from seqmix.models.nat import DisCoTransformer
 
 BACKEND = os.environ.get("SEQMIX_COMPILE_TEST_BACKEND", "aot_eager")

@@ -52,7 +52,7 @@ def test_profiler_writes_the_time_per_hook(tmp_path):
 def test_debug_configs_compose_over_an_experiment(name):
     from hydra import compose, initialize_config_dir
 
-    from seqmix.cli.resolvers import register_resolvers
+    from seqmix.config.resolvers import register_resolvers
     from tests.helpers import ROOT
 
     register_resolvers()

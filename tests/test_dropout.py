@@ -1,4 +1,4 @@
-"""seqmix.dropout: the CPU mask from 16-bit lanes drops at rate p (rounded to 2⁻¹⁶), independently per
+"""seqmix.layers.dropout: the CPU mask from 16-bit lanes drops at rate p (rounded to 2⁻¹⁶), independently per
 element, scales kept elements so the mean is unchanged, follows the global seed, and backpropagates through the mask."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from seqmix.dropout import Dropout, dropout
+from seqmix.layers.dropout import Dropout, dropout
 
 N = 1 << 20
 

@@ -14,8 +14,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from seqmix.errors import SeqmixError
-from seqmix.models import padding
-from seqmix.progress import ProgressBar
+from seqmix.layers import padding
+from seqmix.training.progress import ProgressBar
 from tests.tasks.test_fused_loss import BATCH, tiny_task
 
 UPDATES = 10
@@ -119,4 +119,4 @@ def test_the_run_config_uses_it():
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train")
-    assert cfg.callbacks.progress_bar._target_ == "seqmix.progress.ProgressBar"
+    assert cfg.callbacks.progress_bar._target_ == "seqmix.training.progress.ProgressBar"

@@ -1,4 +1,4 @@
-"""The requeue step of seqmix.preemption on its own: which job it names, when it acts, and what a failure says."""
+"""The requeue step of seqmix.training.preemption on its own: which job it names, when it acts, and what a failure says."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from seqmix.preemption import Preemption, slurm_job_folder, slurm_job_id
+from seqmix.training.preemption import Preemption, slurm_job_folder, slurm_job_id
 from tests.helpers import fake_scontrol
 
 BATCH_JOB = {"SLURM_JOB_ID": "31", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"}

@@ -9,10 +9,10 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from seqmix.callbacks import LastCheckpoint
 from seqmix.errors import SeqmixError
-from seqmix.stop_min_lr import StopAtMinLR
 from seqmix.tasks.schedulers import reduce_on_plateau
+from seqmix.training.checkpoints import LastCheckpoint
+from seqmix.training.stop_min_lr import StopAtMinLR
 from tests.test_configs import compose_train
 
 BATCHES = 3

@@ -230,10 +230,10 @@ def seqmix_saved_checkpoint(path: Path, model: str, overrides: list[str], seed: 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from seqmix.cli.resolvers import register_resolvers
+    from seqmix.config.build import build_task
+    from seqmix.config.mixer_group import settle_mixer_choice
+    from seqmix.config.resolvers import register_resolvers
     from seqmix.data.tokenizer import train_tokenizer
-    from seqmix.mixers.group import settle_mixer_choice
-    from seqmix.tasks.factory import build_task
 
     register_resolvers()
     conf = Path(__file__).resolve().parents[1] / "conf"
@@ -273,7 +273,7 @@ def seqmix_outputs(task, inputs: dict) -> dict:
 
 def seqmix_export(work: Path) -> None:
     """Random seqmix models → seqmix checkpoint → fairseq export, with seqmix's outputs on fixed inputs."""
-    from seqmix.checkpoint import load_task
+    from seqmix.config.build import load_task
     from seqmix.interop.fairseq import export_checkpoint
 
     for seed, (name, overrides) in enumerate(SEQMIX_MODELS.items(), start=11):

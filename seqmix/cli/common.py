@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import sys
 import time
@@ -13,10 +14,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch import nn
 
-from seqmix.cli.user_errors import report_and_exit, user_error_in
+from seqmix.config.user_errors import user_error_in
 from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
-from seqmix.run_record import fail_record, in_multirun
+from seqmix.training.run_record import fail_record, in_multirun
 
 _STARTED = time.time()  # when this process started (imported by the entry points first thing)
 
@@ -83,3 +84,23 @@ def user_errors_exit(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig
             report_and_exit(found[1])
 
     return wrapper
+
+
+def report_and_exit(message: str) -> None:
+    print(f"seqmix: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def run_entry_point(main: Callable[[], object]) -> None:
+    """Run a ``@hydra.main`` function so that Hydra's own errors (raised while composing the config or creating the
+    run folder, before seqmix's code runs) end like every other user error. Hydra prints its errors itself unless
+    HYDRA_FULL_ERROR is set; it is set here so they reach us, and a user who set it gets the full trace as before."""
+    user_wants_traces = os.environ.get("HYDRA_FULL_ERROR") == "1" and "SEQMIX_HYDRA_FULL_ERROR" not in os.environ
+    os.environ["HYDRA_FULL_ERROR"] = os.environ["SEQMIX_HYDRA_FULL_ERROR"] = "1"  # children (DDP ranks) too
+    try:
+        main()
+    except Exception as raised:
+        found = None if user_wants_traces else user_error_in(raised)
+        if found is None:
+            raise
+        report_and_exit(found[1])

@@ -13,13 +13,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from seqmix.checkpoint import load_task
+from seqmix.config.build import load_task
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
-from seqmix.generation.compiled import check_decoding_setting
 from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
+from seqmix.models.compiled import check_decoding_setting
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
 # algorithms' options, and language modeling's context

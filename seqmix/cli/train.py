@@ -11,29 +11,29 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, open_dict
 
-from seqmix.callbacks import LastCheckpoint
-from seqmix.checkpoint import (
+from seqmix.cli.common import module_summary, output_dir_of
+from seqmix.config.build import build_task, model_from_config, to_container
+from seqmix.config.mixer_group import settle_mixer_choice
+from seqmix.errors import SeqmixError
+from seqmix.models import count_parameters
+from seqmix.training.checkpoints import (
+    AtomicCheckpointIO,
+    LastCheckpoint,
     check_fits,
     check_resumable,
     load_weights,
     newest_resumable_in,
     remove_orphaned_writes,
 )
-from seqmix.checkpoint_io import AtomicCheckpointIO
-from seqmix.cli.common import module_summary, output_dir_of
-from seqmix.errors import SeqmixError
-from seqmix.mixers.group import settle_mixer_choice
-from seqmix.models import count_parameters
-from seqmix.preemption import Preemption, cluster_environment
-from seqmix.run_record import finish_record, job_overrides, start_record
-from seqmix.tasks.factory import build_task, task_class, to_container
+from seqmix.training.preemption import Preemption, cluster_environment
+from seqmix.training.run_record import finish_record, job_overrides, start_record
 
 log = logging.getLogger("seqmix")
 
 
 def dry_run(cfg: DictConfig) -> int:
     """Build the model from the config alone (vocabulary size from task.vocab_size) and report its size."""
-    model = task_class(cfg).build_model(cfg, int(cfg.task.vocab_size), padding_idx=1)
+    model = model_from_config(cfg)
     n = count_parameters(model)
     print(module_summary(model))
     print(f"parameters: {n}")
@@ -110,20 +110,6 @@ def train(cfg: DictConfig) -> float | None:
 
 # what must match for resume=auto to continue a run: the rest (trainer limits, logging, ...) may change
 _SAME_RUN = ("task", "model", "optim", "scheduler", "seed", "label_smoothing")
-# model settings added after runs were written: a checkpoint without one was trained with this value
-_ADDED_MODEL_SETTINGS = {"decoder_start": "bos"}
-
-
-def _with_added_settings(theirs: dict, ours: dict) -> dict:
-    """``theirs`` (a checkpoint's config) with the model settings that ``ours`` has and it predates, at the value it
-    was trained with, so a run written before a setting existed still continues."""
-    model, own = theirs.get("model"), ours.get("model")
-    if not isinstance(model, dict) or not isinstance(own, dict):
-        return theirs
-    added = {k: v for k, v in _ADDED_MODEL_SETTINGS.items() if k in own and k not in model}
-    return {**theirs, "model": {**model, **added}} if added else theirs
-
-
 def _differences(theirs, ours, key: str) -> list[str]:
     """The dotted settings where a run folder's config and this run's differ, each as ``key=theirs (here: ours)``,
     so the message says what to pass to continue that run."""
@@ -151,7 +137,7 @@ def continue_run_in_its_folder(cfg: DictConfig) -> dict | None:
         return None
     path, ckpt = found
     ours = to_container(cfg)
-    theirs = _with_added_settings(ckpt["seqmix"].get("config") or {}, ours)
+    theirs = ckpt["seqmix"]["config"]
     differ = [d for key in _SAME_RUN for d in _differences(theirs.get(key), ours.get(key), key)]
     if differ:
         shown = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
@@ -178,7 +164,7 @@ def stopped_by_signal(trainer: L.Trainer, preemption: Preemption) -> None:
 
 
 def record_results(cfg: DictConfig, trainer: L.Trainer, task) -> None:
-    """The finished run's record (``seqmix.run_record``): what a sweep report tabulates."""
+    """The finished run's record (``seqmix.training.run_record``): what a sweep report tabulates."""
     checkpoints = trainer.checkpoint_callback
     best = getattr(checkpoints, "best_model_score", None)
     report = task.reports.get(task.test_split) if cfg.run_test else None

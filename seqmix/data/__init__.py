@@ -1,7 +1,6 @@
 """Data pipeline: text sources, tokenizers (joint BPE or words), token-budget batching, Lightning data modules."""
 
 from seqmix.data.batching import TokenBudgetBatchSampler
-from seqmix.data.datamodule import TranslationDataModule
 from seqmix.data.dataset import PairDataset, collate_pairs, filter_by_length
 from seqmix.data.lm_blocks import BlockDataset, collate_blocks, make_blocks
 from seqmix.data.lm_datamodule import LanguageModelingDataModule
@@ -16,6 +15,7 @@ from seqmix.data.tokenizer import (
     tokenizer_cache_key,
     train_tokenizer,
 )
+from seqmix.data.translation_datamodule import TranslationDataModule
 
 __all__ = [
     "SPECIALS",

@@ -24,8 +24,8 @@ import numpy as np
 from sacremoses import MosesDetokenizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 
+from seqmix.data.fairseq_dictionary import FairseqDictionary
 from seqmix.errors import SeqmixError
-from seqmix.interop.dictionary import FairseqDictionary
 
 FORMAT = "seqmix-moses-subword-v1"
 BPE_SEPARATOR = "@@"

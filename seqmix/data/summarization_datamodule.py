@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seqmix.data.datamodule import TranslationDataModule
+from seqmix.data.translation_datamodule import TranslationDataModule
 from seqmix.errors import SeqmixError
 
 

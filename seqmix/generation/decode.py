@@ -15,8 +15,8 @@ from torch import Tensor
 
 from seqmix.data import PairDataset, TokenBudgetBatchSampler, collate_pairs
 from seqmix.generation.beam_search import BeamSearch
-from seqmix.generation.compiled import for_decoding
 from seqmix.generation.nat_decoding import IterativeDecoder
+from seqmix.models.compiled import for_decoding
 
 # source rows (B, S) on the model's device -> (per row: the chosen output's token ids without eos, None when the
 # decoder produced nothing; per row: decoder passes spent, or None when the algorithm does not count them)
@@ -33,7 +33,7 @@ class Decoded:
 
 def beam_translator(model, search: BeamSearch, compile_decoding: bool | str = False) -> Translate:
     """The best hypothesis of each row (its tokens end in eos, which is dropped). ``compile_decoding``: the
-    decoder step compiled (``seqmix.generation.compiled``)."""
+    decoder step compiled (``seqmix.models.compiled``)."""
     model = for_decoding(model, compile_decoding)
 
     def translate(src_tokens: Tensor):
@@ -44,7 +44,7 @@ def beam_translator(model, search: BeamSearch, compile_decoding: bool | str = Fa
 
 def nat_translator(model, decoder: IterativeDecoder, compile_decoding: bool | str = False) -> Translate:
     """The chosen candidate of each row and the decoder passes spent on it. ``compile_decoding``: the decoder pass
-    compiled (``seqmix.generation.compiled``)."""
+    compiled (``seqmix.models.compiled``)."""
     model = for_decoding(model, compile_decoding)
 
     def translate(src_tokens: Tensor):

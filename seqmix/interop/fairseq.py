@@ -2,7 +2,7 @@
 
 import: a fairseq ``checkpoint.pt`` (``args`` Namespace of fairseq ≤0.9, or ``cfg`` of later releases, whose
 ``model`` node is a Namespace, dict or DictConfig) plus the ``dict.<lang>.txt`` files it was trained with (and its
-BPE codes) become a seqmix checkpoint that ``generate.py`` and ``seqmix.checkpoint.load_task`` read: the model
+BPE codes) become a seqmix checkpoint that ``generate.py`` and ``seqmix.training.checkpoints.load_task`` read: the model
 config from the checkpoint's settings (completed from the registered architecture's defaults), every tensor
 renamed and reshaped by the family's table (``seqmix.interop.fairseq_models``), the tokenizer from the
 dictionaries. Anything that does not map is refused with one message and nothing is written.
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from seqmix.checkpoint import load_checkpoint
+from seqmix.config.paths import conf_dir
 from seqmix.errors import SeqmixError, command_status
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
@@ -37,10 +37,10 @@ from seqmix.interop.fairseq_models import (
     to_fairseq_state,
     to_seqmix_state,
 )
+from seqmix.training.checkpoints import load_checkpoint
 
 log = logging.getLogger("seqmix")
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 TOKENIZER_FILE = "seqmix_tokenizer.json"
 # fairseq-generate's defaults (beam 5, --lenpen 1, max length 200 whatever the source length)
 FAIRSEQ_GENERATION = {"beam_size": 5, "len_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 200, "min_len_a": 0.0,
@@ -157,7 +157,7 @@ def read_fairseq(path: str | Path) -> FairseqCheckpoint:
 
 # --- the seqmix side ----------------------------------------------------------------------------------------------
 def _conf(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{name}.yaml"), resolve=True)
+    return OmegaConf.to_container(OmegaConf.load(conf_dir() / f"{name}.yaml"), resolve=True)
 
 
 def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, vocab_size: int,
@@ -196,8 +196,8 @@ def save_seqmix_checkpoint(path: str | Path, task, extra: dict | None = None) ->
 
 def _dictionary_tokenizer(data_dir: Path, source_lang: str, target_lang: str, bpe_codes: str | None,
                           moses: bool):
+    from seqmix.data.fairseq_dictionary import FairseqDictionary
     from seqmix.data.moses_subword import MosesSubwordTokenizer
-    from seqmix.interop.dictionary import FairseqDictionary
 
     dicts = []
     for lang in (source_lang, target_lang):
@@ -228,7 +228,7 @@ def import_tokenizer(data_dir: Path, source_lang: str, target_lang: str, bpe_cod
 
 def build_imported_task(fs: FairseqCheckpoint, tokenizer, data_dir: Path, source_lang: str, target_lang: str):
     """The seqmix task (model + tokenizer + config) holding the fairseq checkpoint's weights, or one SeqmixError."""
-    from seqmix.tasks.factory import build_task
+    from seqmix.config.build import build_task
 
     model_cfg = fs.family.seqmix_config(fs.arch, fs.settings)
     vocab_rows = {"source": fs.state.get("encoder.embed_tokens.weight"),
@@ -278,7 +278,7 @@ def _languages(config: dict, tokenizer) -> tuple[str, str]:
 def fairseq_dictionaries(tokenizer):
     """(source, target) FairseqDictionary of a seqmix tokenizer: a dictionary tokenizer's own; for a ``tokenizers``
     model, its vocabulary after the four specials in id order (count 1 each)."""
-    from seqmix.interop.dictionary import FairseqDictionary
+    from seqmix.data.fairseq_dictionary import FairseqDictionary
 
     if hasattr(tokenizer, "source_dict"):
         return tokenizer.source_dict, tokenizer.target_dict
@@ -334,7 +334,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     config = ckpt["seqmix"]["config"]
     model = config.get("model") or {}
     family = family_for_seqmix(model)
-    if model.get("decoder_start", "bos") != "eos":
+    if model.get("decoder_start") != "eos":
         raise SeqmixError("cannot export to fairseq: this model was trained with bos as the decoder's first input, "
                           "fairseq-generate starts from eos, so fairseq would decode it wrongly; train with "
                           "model.decoder_start=eos")

@@ -17,6 +17,14 @@ class BleuResult:
         return f"{self.signature} = {self.text}"
 
 
+@dataclass(frozen=True)
+class BleuOptions:
+    """sacreBLEU's settings (``corpus_bleu``)."""
+
+    tokenize: str = "13a"
+    lowercase: bool = False
+
+
 def corpus_bleu(hypotheses: list[str], references: list[str], tokenize: str = "13a",
                 lowercase: bool = False) -> BleuResult:
     if len(hypotheses) != len(references):

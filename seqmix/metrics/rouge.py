@@ -55,6 +55,12 @@ class RougeResult:
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
+@dataclass(frozen=True)
+class RougeOptions:
+    stemming: bool = True  # Porter stemming in rouge-score
+    lead: int = 3  # sentences of the lead-N baseline
+
+
 def sentences(text: str) -> list[str]:
     """Split after . ! ? (followed by whitespace) and at line breaks (e.g. dialogue turns); empty pieces dropped."""
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]

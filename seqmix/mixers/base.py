@@ -55,7 +55,7 @@ class TokenMixer(nn.Module, metaclass=ABCMeta):
     def mixing_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor | None:
         """What the mixer does to ``x`` (the input ``forward`` takes) as weights: (B, H, T, T), how much output
         step t takes from step s per head, as in Wu et al. 2019's figures; pictured on the run's dashboard
-        (``seqmix.dashboard``). None: the mixer's mixing is not a weighted sum over steps."""
+        (``seqmix.training.dashboard``). None: the mixer's mixing is not a weighted sum over steps."""
         return None
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqmix.mixers.conv_block import HeadConvMixer, xavier_linear
-from seqmix.mixers.head_conv import HeadConvolution
+from seqmix.kernel_backend import DYNAMICCONV
+from seqmix.layers.head_conv import HeadConvolution
+from seqmix.mixers.conv_mixer import HeadConvMixer, xavier_linear
 
 
 class DynamicConvolution(HeadConvolution):
     """``weight_linear`` (C → H·K) and optional ``conv_bias`` (C,) as in fairseq's DynamicConv1dTBC."""
 
-    triton_op = ("dynamicconv", "dynamicconv")
+    triton_kernel = DYNAMICCONV
 
     def __init__(self, channels: int, kernel_size: int, num_heads: int, weight_softmax: bool = True,
                  weight_dropout: float = 0.0, bias: bool = False, kernel_backend: str = "auto") -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqmix.mixers.conv_block import HeadConvMixer
-from seqmix.mixers.head_conv import HeadConvolution
+from seqmix.kernel_backend import LIGHTCONV
+from seqmix.layers.head_conv import HeadConvolution
+from seqmix.mixers.conv_mixer import HeadConvMixer
 
 
 class LightweightConv(HeadConvolution):
     """``weight`` (H, 1, K) and ``bias`` (C,) as in fairseq's LightweightConv1dTBC."""
 
-    triton_op = ("lightconv", "lightconv")
+    triton_kernel = LIGHTCONV
 
     def __init__(self, channels: int, kernel_size: int, num_heads: int, weight_softmax: bool = True,
                  weight_dropout: float = 0.0, bias: bool = False, kernel_backend: str = "auto") -> None:

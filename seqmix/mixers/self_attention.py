@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from seqmix.layers.attention import MultiheadAttention
 from seqmix.mixers.base import MixerState, TokenMixer, check_incremental_call
-from seqmix.mixers.multihead_attention import MultiheadAttention
 
 
 @dataclass

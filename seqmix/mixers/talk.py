@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqmix.dropout import dropout
 from seqmix.errors import SeqmixError
-from seqmix.mixers.backend import check_backend, triton_function
+from seqmix.kernel_backend import TALK, check_backend, triton_function
+from seqmix.layers.dropout import dropout
 from seqmix.mixers.base import MixerState, index_select_batch
-from seqmix.mixers.conv_block import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
+from seqmix.mixers.conv_mixer import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -124,7 +124,7 @@ class TaLK(ProjectedConvMixer):
     def core(self, x: Tensor) -> Tensor:
         left, right = self.offsets(x)
         x = self.unnormalized(x)
-        kernel = triton_function(self.kernel_backend, x, "talk", "talk")
+        kernel = triton_function(self.kernel_backend, x, TALK)
         fn = talk_window_sum if kernel is None else kernel
         return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
 

@@ -11,13 +11,25 @@ embedding and a full softmax.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmix.dropout import Dropout
 from seqmix.errors import SeqmixError
+from seqmix.layers.dropout import Dropout
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """Adaptive input/softmax of a language model (``task.adaptive``; fields in sorted order for the error text)."""
+
+    cutoffs: tuple[int, ...] = ()  # band boundaries in the frequency-sorted vocabulary
+    factor: float = 4.0  # each band's width is the previous one's / factor
+    input: bool = False
+    softmax: bool = False
+    softmax_dropout: float = 0.0
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:

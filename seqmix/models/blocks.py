@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmix.dropout import Dropout
 from seqmix.errors import SeqmixError
+from seqmix.layers.attention import MultiheadAttention
+from seqmix.layers.dropout import Dropout
 from seqmix.mixers.base import MixerState, TokenMixer, index_select_batch
-from seqmix.mixers.multihead_attention import MultiheadAttention
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 

@@ -5,7 +5,7 @@ un-normalized layers (paper §3.4, appendix A): residual sums are multiplied by 
 conditional input by m·√(1/m), and weights start at the variances derived for GLU layers behind dropout.
 fairseq's ``fconv`` fixes what the paper leaves open (order of dropout/masking, where the gradient scaling
 sits, the output projections); this module follows it there, with positions counted as in
-``seqmix.models.embeddings`` (right padding, pads at position ``padding_idx``).
+``seqmix.layers.embeddings`` (right padding, pads at position ``padding_idx``).
 
 Layer specs are lists of ``(width, kernel)`` or ``(width, kernel, residual lookback)``: lookback r adds the
 output of the block r steps back (1 = this block's input, 0 = no residual), projected when widths differ.
@@ -25,14 +25,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from seqmix.dropout import dropout
 from seqmix.errors import SeqmixError
+from seqmix.layers.dropout import dropout
+from seqmix.layers.embeddings import PositionalEmbedding
+from seqmix.layers.padding import padding_or_none
 from seqmix.mixers.base import zero_padding
-from seqmix.mixers.conv_block import WindowState
-from seqmix.mixers.convs2s import SQRT_HALF, GLUConv
-from seqmix.models.embeddings import PositionalEmbedding
-from seqmix.models.encoder_decoder import EncoderOut, check_decoder_start, check_joint_vocabulary
-from seqmix.models.padding import padding_or_none
+from seqmix.mixers.conv_mixer import WindowState
+from seqmix.models.encoder_decoder import (
+    DEFAULT_DECODER_START,
+    EncoderOut,
+    check_decoder_start,
+    check_joint_vocabulary,
+)
+from seqmix.models.glu_conv import SQRT_HALF, GLUConv
 from seqmix.models.stack import DecoderState
 
 EMBED_STD = 0.1  # §3.5: every embedding (tokens and positions) starts at N(0, 0.1)
@@ -215,7 +220,7 @@ class ConvS2S(nn.Module):
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, padding_idx: int, encoder: dict, decoder: dict,
                  dropout: float = 0.1, max_source_positions: int = 1024, max_target_positions: int = 1024,
                  share_all_embeddings: bool = False, share_decoder_input_output_embed: bool = False,
-                 name: str | None = None, kernel_backend: str = "auto", decoder_start: str = "bos") -> None:
+                 name: str | None = None, kernel_backend: str = "auto", decoder_start: str = DEFAULT_DECODER_START) -> None:
         super().__init__()
         self.name = name
         self.decoder_start = check_decoder_start(decoder_start)

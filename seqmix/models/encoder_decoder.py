@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.errors import SeqmixError
+from seqmix.layers.embeddings import token_embedding
+from seqmix.layers.padding import padding_or_none
 from seqmix.mixers.base import index_select_batch
-from seqmix.models.embeddings import token_embedding
-from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import DecoderState, Stack, stack_settings
 
 DECODER_STARTS = ("bos", "eos")
+DEFAULT_DECODER_START = "eos"  # conf/model states the same; the constructors' default when built by hand
 
 
 def check_joint_vocabulary(src_vocab_size: int, tgt_vocab_size: int) -> None:
@@ -29,8 +30,8 @@ def check_joint_vocabulary(src_vocab_size: int, tgt_vocab_size: int) -> None:
 
 
 def check_decoder_start(decoder_start: str) -> str:
-    """The first decoder input while training and decoding: ``bos`` (seqmix's default) or ``eos`` (what fairseq's
-    models are trained with, so imported fairseq models need it)."""
+    """The first decoder input while training and decoding: ``eos`` (as fairseq trains its models, so every model
+    exports to fairseq) or ``bos`` (what seqmix checkpoints written before the setting existed were trained with)."""
     if decoder_start not in DECODER_STARTS:
         raise SeqmixError(f"model.decoder_start must be one of {list(DECODER_STARTS)}, got {decoder_start!r}")
     return decoder_start
@@ -78,7 +79,7 @@ class EncoderDecoder(nn.Module):
                  encoder: dict, decoder: dict, dropout: float = 0.1, positions: str = "sinusoidal",
                  max_source_positions: int = 1024, max_target_positions: int = 1024,
                  share_all_embeddings: bool = False, share_decoder_input_output_embed: bool = True,
-                 scale_embedding: bool = True, name: str | None = None, decoder_start: str = "bos") -> None:
+                 scale_embedding: bool = True, name: str | None = None, decoder_start: str = DEFAULT_DECODER_START) -> None:
         super().__init__()
         self.name = name
         self.decoder_start = check_decoder_start(decoder_start)

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.errors import SeqmixError
+from seqmix.layers.padding import padding_or_none
 from seqmix.models.blocks import BlockState
 from seqmix.models.encoder_decoder import EncoderOut
 from seqmix.models.nat_masks import cmlm_masked, disco_observed, real_positions
-from seqmix.models.padding import padding_or_none
 from seqmix.models.stack import Stack, stack_settings
 
 

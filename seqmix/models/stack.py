@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from seqmix.dropout import Dropout
 from seqmix.errors import SeqmixError
+from seqmix.layers.dropout import Dropout
+from seqmix.layers.embeddings import PositionalEmbedding
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
-from seqmix.models.embeddings import PositionalEmbedding
 
 _BLOCK_SETTINGS = {"layers", "ffn_dim", "normalize_before", "activation", "activation_dropout"}
 _MIXER_SETTINGS = {"mixer", "pattern", "legend", "heads"}

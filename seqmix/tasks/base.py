@@ -1,9 +1,9 @@
 """What every task shares: optimizer/scheduler from partials, a finite-loss guard, throughput and gradient-norm
 logs, corpus-level evaluation aggregated across ranks, and the checkpoint's config + tokenizer.
 
-A task also owns how its model is built from the run config (``build_model``), which of the config's settings
-it takes (``options_from_config``), its corpus metric (``corpus_report``) and how it evaluates raw text for
-``generate.py`` (``evaluate_texts``), so the entry points need no per-task branches.
+A task receives a built model and its settings (``seqmix.config.build``); it owns its corpus metric
+(``corpus_report``) and how it evaluates raw text for ``generate.py`` (``evaluate_texts``), so the entry points
+need no per-task branches.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from seqmix.compile import compile_for_training, enabled
 from seqmix.errors import SeqmixError
-from seqmix.host_reads import read_interval
+from seqmix.layers.host_reads import read_interval
+from seqmix.models.compiled import compile_for_training, enabled
 
 
 def make_scheduler(factory, optimizer, estimated_updates):
@@ -64,9 +63,9 @@ class SeqmixTask(L.LightningModule, ABC):
 
     #: updates between host reads of the non-finite-loss flag (see ``watch_finite``); None: 1 on CPU, 50 elsewhere
     finite_check_interval: int | None = None
-    #: the run config's top-level ``compile`` (true | false | auto; set by ``seqmix.tasks.factory.build_task``)
+    #: the run config's top-level ``compile`` (true | false | auto; set by ``seqmix.config.build.build_task``)
     compile_training: bool | str = False
-    #: the run config's top-level ``compile_decoding`` (``seqmix.generation.compiled``; set by ``build_task``)
+    #: the run config's top-level ``compile_decoding`` (``seqmix.models.compiled``; set by ``build_task``)
     compile_decoding: bool | str = False
     #: what a non-finite loss or gradient does (top-level ``nonfinite``): "raise" (``watch_finite``) or "skip" the
     #: update (``optimizer_step``), stopping after ``nonfinite_skip_limit`` skipped updates in a row
@@ -92,26 +91,13 @@ class SeqmixTask(L.LightningModule, ABC):
         self.test_split = "test"
         self.reference_source = None  # what corpus_report reads references from (default: the trainer's data)
 
-    # --- construction from the run config ---------------------------------------------------------
-    @classmethod
-    @abstractmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
-                    source_vocab_size: int | None = None) -> nn.Module:
-        """The task's model for the run config ``cfg``: ``vocab_size`` is the output (target) vocabulary,
-        ``source_vocab_size`` the encoder's where it has its own (None: the same vocabulary)."""
-
-    @classmethod
-    def options_from_config(cls, cfg: DictConfig) -> dict:
-        """Constructor arguments this task reads from the run config (beyond model/tokenizer/optimizer)."""
-        return {}
-
     # --- training ------------------------------------------------------------------------------
     @abstractmethod
     def compute_loss(self, batch: dict) -> tuple[Tensor, Tensor, int]:
         """Summed (training loss, NLL) over the batch's scored tokens, and their count."""
 
     def compiled(self, name: str, fn: Callable) -> Callable:
-        """``fn`` as this update should run it: compiled (once per ``name``, ``seqmix.compile``) while
+        """``fn`` as this update should run it: compiled (once per ``name``, ``seqmix.models.compiled``) while
         ``compile_training`` is on for this device, the model trains and autograd records; ``fn`` itself otherwise,
         so validation, beam search and generate.py run the eager model."""
         if not (self.training and torch.is_grad_enabled() and enabled(self.compile_training, self.device.type)):
@@ -226,7 +212,7 @@ class SeqmixTask(L.LightningModule, ABC):
     # --- evaluation ----------------------------------------------------------------------------
     def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
         """The token ids each side of the model reads in ``batch``'s first row ({"encoder": ..., "decoder": ...}):
-        the labels of the dashboard's mixer pictures (``seqmix.dashboard``); {} pictures steps by number."""
+        the labels of the dashboard's mixer pictures (``seqmix.training.dashboard``); {} pictures steps by number."""
         return {}
 
     def eval_outputs(self, batch: dict) -> list:
@@ -288,7 +274,7 @@ class SeqmixTask(L.LightningModule, ABC):
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
-        """What ``seqmix.checkpoint.load_task`` rebuilds the task from: the run config and the tokenizer."""
+        """What ``seqmix.training.checkpoints.load_task`` rebuilds the task from: the run config and the tokenizer."""
         return {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

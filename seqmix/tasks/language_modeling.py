@@ -10,43 +10,15 @@ from __future__ import annotations
 import logging
 
 import torch
-from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.lm_blocks import collate_blocks, make_blocks
 from seqmix.errors import SeqmixError
 from seqmix.metrics import perplexity
-from seqmix.models.stack import layer_mixer_configs
 from seqmix.tasks.base import Report, SeqmixTask
-from seqmix.tasks.options import AdaptiveOptions, from_config
 
 log = logging.getLogger("seqmix")
-
-
-def decoder_only_spec(cfg: DictConfig, vocab_size: int, padding_idx: int) -> dict:
-    """A ``DecoderOnly`` config from a model preset's shared settings and its decoder stack (cross-attention
-    settings dropped), plus ``task.adaptive``. Pre-norm is forced when a layer's mixer says its LMs need it."""
-    model = cfg.model
-    if "decoder" not in model or not ({"mixer", "pattern"} & set(model.decoder)):
-        raise SeqmixError(f"model={model.get('name')} has no decoder.mixer; language modeling needs a preset built on "
-                          "the encoder-decoder backbone (transformer, lightconv, dynamicconv, talk, ...)")
-    decoder = OmegaConf.to_container(model.decoder, resolve=True)
-    targets = sorted({mixer["_target_"] for mixer in layer_mixer_configs(decoder)})
-    if any(get_class(t).language_model_pre_norm for t in targets) and not decoder.get("normalize_before"):
-        log.info("language model with %s: pre-norm forced (normalize_before=true)", ", ".join(targets))
-        decoder["normalize_before"] = True
-    adaptive = from_config(cfg, "adaptive", AdaptiveOptions)
-    return {
-        "_target_": "seqmix.models.DecoderOnly", "_convert_": "all",
-        "vocab_size": vocab_size, "padding_idx": padding_idx, "embed_dim": model.embed_dim, "decoder": decoder,
-        "dropout": model.dropout, "positions": model.positions, "max_positions": model.max_target_positions,
-        "scale_embedding": model.scale_embedding, "tie_weights": model.share_decoder_input_output_embed,
-        "input_cutoffs": list(adaptive.cutoffs) if adaptive.input else [],
-        "softmax_cutoffs": list(adaptive.cutoffs) if adaptive.softmax else [],
-        "adaptive_factor": adaptive.factor, "softmax_dropout": adaptive.softmax_dropout, "name": model.name,
-    }
 
 
 class LanguageModelingTask(SeqmixTask):
@@ -54,18 +26,6 @@ class LanguageModelingTask(SeqmixTask):
                  tokens_per_sample: int = 512, break_mode: str = "none", eval_context: int = 0) -> None:
         super().__init__(model, tokenizer, optimizer, scheduler, run_config)
         self.tokens_per_sample, self.break_mode, self.eval_context = tokens_per_sample, break_mode, eval_context
-
-    @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
-                    source_vocab_size: int | None = None) -> nn.Module:
-        """One vocabulary (``source_vocab_size`` has no meaning for a language model and is ignored)."""
-        return instantiate(decoder_only_spec(cfg, vocab_size, padding_idx))
-
-    @classmethod
-    def options_from_config(cls, cfg: DictConfig) -> dict:
-        data = cfg.task.data
-        return {"tokens_per_sample": int(data.tokens_per_sample), "break_mode": str(data.break_mode),
-                "eval_context": int(data.eval_context)}
 
     def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
         return {"decoder": batch["tokens"][0]}

@@ -10,18 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch.nn.functional as F
-from hydra.utils import get_class
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from seqmix.data import TranslationDataModule
 from seqmix.errors import SeqmixError
 from seqmix.generation.decode import Translate, nat_translator
 from seqmix.generation.nat_decoding import IterativeDecoder
 from seqmix.generation.options import BeamOptions, NATOptions, overridden
+from seqmix.metrics import BleuOptions
 from seqmix.tasks.base import Report
 from seqmix.tasks.losses import label_smoothed_nll_loss
-from seqmix.tasks.options import BleuOptions, from_config
 from seqmix.tasks.translation import TranslationTask
 
 # generate.yaml always passes beam_size (autoregressive beam); it has no meaning here and is ignored.
@@ -41,20 +38,6 @@ class NonAutoregressiveTranslationTask(TranslationTask):
             if ours != theirs:
                 raise SeqmixError(f"model {name} id {ours} differs from the tokenizer's {theirs}")
         self.nat = (nat or NATOptions()).for_model(model)  # fails early on settings the model cannot decode with
-
-    @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
-                    source_vocab_size: int | None = None) -> nn.Module:
-        """The DisCo / CMLM preset; only on parallel (source, target) data."""
-        data = get_class(cfg.task.data._target_)
-        if not issubclass(data, TranslationDataModule):
-            raise SeqmixError(f"model={cfg.model.name} is a non-autoregressive translation model; task="
-                              f"{cfg.task.name} reads {data.__name__}, not parallel data: choose a translation task")
-        return super().build_model(cfg, vocab_size, padding_idx, source_vocab_size)
-
-    @classmethod
-    def options_from_config(cls, cfg: DictConfig) -> dict:
-        return {**super().options_from_config(cfg), "nat": from_config(cfg, "nat", NATOptions)}
 
     # --- training ------------------------------------------------------------------------------
     def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:

@@ -50,7 +50,7 @@ def reduce_on_plateau(optimizer: Optimizer, monitor: str = "val/nll", factor: fl
     best so far by more than ``threshold`` (Gehring et al. 2017 §4.2: ×0.1 once validation perplexity stops
     improving; fairseq's ``reduce_lr_on_plateau``). A validation metric only exists after a validation, so
     this returns a Lightning scheduler config (stepped per epoch, with the monitored key), not a scheduler.
-    ``min_lr`` is a floor; ending the run there is ``stop_min_lr``'s job (``seqmix.stop_min_lr``).
+    ``min_lr`` is a floor; ending the run there is ``stop_min_lr``'s job (``seqmix.training.stop_min_lr``).
     """
     scheduler = ReduceLROnPlateau(optimizer, mode="min", factor=factor, patience=patience, threshold=threshold,
                                   threshold_mode="abs", min_lr=min_lr)

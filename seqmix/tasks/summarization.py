@@ -10,11 +10,8 @@ papers report). The main score (``task.monitor``'s ``val/rougeL``) stays the sen
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from seqmix.metrics import RougeResult, corpus_rouge, lead
+from seqmix.metrics import RougeOptions, RougeResult, corpus_rouge, lead
 from seqmix.tasks.base import Report
-from seqmix.tasks.options import RougeOptions, from_config
 from seqmix.tasks.translation import TranslationTask
 
 
@@ -25,13 +22,6 @@ class SummarizationTask(TranslationTask):
         self.rouge = rouge or RougeOptions()
         self.truncate_source = truncate_source  # as the data module truncates training documents
         self._lead_cache: dict[int, RougeResult] = {}
-
-    @classmethod
-    def options_from_config(cls, cfg: DictConfig) -> dict:
-        options = super().options_from_config(cfg)
-        options.pop("bleu")
-        return {**options, "rouge": from_config(cfg, "rouge", RougeOptions),
-                "truncate_source": cfg.task.data.get("truncate_source")}
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         result = corpus_rouge(hypotheses, references, self.rouge.stemming)

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from seqmix.data import PairDataset
@@ -14,12 +13,10 @@ from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
 from seqmix.generation.options import BeamOptions, overridden
-from seqmix.metrics import corpus_bleu
+from seqmix.metrics import BleuOptions, corpus_bleu
 from seqmix.tasks.base import Report, SeqmixTask
-from seqmix.tasks.factory import build_model
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
 from seqmix.tasks.losses import label_smoothed_nll_loss
-from seqmix.tasks.options import BleuOptions, from_config
 
 
 class TranslationTask(SeqmixTask):
@@ -35,25 +32,10 @@ class TranslationTask(SeqmixTask):
         self.bleu = bleu or BleuOptions()
         self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
 
-    @classmethod
-    def build_model(cls, cfg: DictConfig, vocab_size: int, padding_idx: int,
-                    source_vocab_size: int | None = None) -> nn.Module:
-        """The model preset as configured for a target vocabulary of ``vocab_size`` and a source vocabulary of
-        ``source_vocab_size`` (None: one joint vocabulary, the same size)."""
-        return build_model(cfg.model, source_vocab_size or vocab_size, vocab_size, padding_idx)
-
-    @classmethod
-    def options_from_config(cls, cfg: DictConfig) -> dict:
-        options = {"label_smoothing": cfg.label_smoothing, "generation": from_config(cfg, "generation", BeamOptions),
-                   "bleu": from_config(cfg, "bleu", BleuOptions)}
-        if cls.compute_loss is TranslationTask.compute_loss:  # tasks with their own loss never take the option
-            options["fused_loss"] = bool(cfg.get("fused_loss", False))
-        return options
-
     @property
     def decoder_start(self) -> int:
         """The decoder's first input id: bos, or eos for models trained as fairseq's (``model.decoder_start``)."""
-        return self.tokenizer.eos if getattr(self.model, "decoder_start", "bos") == "eos" else self.tokenizer.bos
+        return self.tokenizer.eos if getattr(self.model, "decoder_start", None) == "eos" else self.tokenizer.bos
 
     def dashboard_tokens(self, batch: dict) -> dict[str, Tensor]:
         return {"encoder": batch["src_tokens"][0], "decoder": self.decoder_inputs(batch)[0]}

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from seqmix.data import datamodule as dm_module
-from seqmix.data.datamodule import TranslationDataModule
 from seqmix.data.dataset import PairDataset, collate_pairs
 from seqmix.data.sources import LocalParallelSource, ParallelCorpus, ToyReverseSource
 from seqmix.data.tokenizer import Tokenizer
+from seqmix.data.translation_datamodule import TranslationDataModule
 from seqmix.errors import SeqmixError
 
 SPLITS = {"train": "train", "valid": "val", "test": None}

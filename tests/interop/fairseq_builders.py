@@ -9,7 +9,7 @@ from argparse import Namespace
 import torch
 from omegaconf import OmegaConf
 
-from seqmix.interop.dictionary import FairseqDictionary
+from seqmix.data.fairseq_dictionary import FairseqDictionary
 
 
 class Weights:

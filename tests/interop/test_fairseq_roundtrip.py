@@ -13,14 +13,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from seqmix.checkpoint import load_task
-from seqmix.cli.resolvers import register_resolvers
+from seqmix.config.build import build_task, load_task
+from seqmix.config.mixer_group import settle_mixer_choice
+from seqmix.config.resolvers import register_resolvers
 from seqmix.data.tokenizer import train_tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.interop.fairseq import export_checkpoint, import_checkpoint
 from seqmix.interop.fairseq_models import family_for_seqmix
-from seqmix.mixers.group import settle_mixer_choice
-from seqmix.tasks.factory import build_task
 from tests.helpers import ROOT, run
 from tests.interop.fairseq_builders import cfg_container, transformer_state, write_dicts
 

@@ -13,10 +13,10 @@ from sacremoses import MosesDetokenizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
+from seqmix.data.fairseq_dictionary import FairseqDictionary
 from seqmix.data.moses_subword import FORMAT, MosesSubwordTokenizer
 from seqmix.data.tokenizer import Tokenizer, train_tokenizer
 from seqmix.errors import SeqmixError
-from seqmix.interop.dictionary import FairseqDictionary
 
 # ---------------------------------------------------------------------------------------------------------------
 # dictionaries

@@ -135,7 +135,7 @@ def test_bad_dtype_and_device():
 
 # --- interpreter: kernel inside the model vs. the model's PyTorch step path --------------------------------
 def _glu_conv(backend, k, causal=True, seed=0):
-    from seqmix.mixers.convs2s import GLUConv
+    from seqmix.models.glu_conv import GLUConv
 
     torch.manual_seed(seed)
     return GLUConv(5, k, causal=causal, out_dim=7, kernel_backend=backend).eval()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmix.mixers.backend import triton_function
+from seqmix.kernel_backend import FUSED_LABEL_SMOOTHED_LOSS, triton_function
 from tests.kernels.checks import assert_close
 from triton_kernels.fused_xent import fused_label_smoothed_loss
 from triton_kernels.fused_xent import ops as xent_ops
@@ -108,8 +108,8 @@ def test_torch_compile_traces_through_op():
 
 def test_backend_dispatch_resolves_to_this_op():
     x = torch.zeros(2, 3)
-    assert triton_function("triton", x, "fused_xent", "fused_label_smoothed_loss") is fused_label_smoothed_loss
-    assert triton_function("auto", x, "fused_xent", "fused_label_smoothed_loss") is None  # CPU: PyTorch path
+    assert triton_function("triton", x, FUSED_LABEL_SMOOTHED_LOSS) is fused_label_smoothed_loss
+    assert triton_function("auto", x, FUSED_LABEL_SMOOTHED_LOSS) is None  # CPU: PyTorch path
 
 
 @pytest.mark.parametrize(

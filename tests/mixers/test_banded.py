@@ -1,4 +1,4 @@
-"""The per-head convolution core (seqmix.mixers.banded) against loops over taps in float64: forward, input and tap
+"""The per-head convolution core (seqmix.layers.banded) against loops over taps in float64: forward, input and tap
 gradients, shared (LightConv) and per-position (DynamicConv) taps, every padding, odd lengths, kernels longer than the
 chunk and than the sequence; fp32 (oneDNN/cuDNN depthwise path) against the same float64 loops."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmix.mixers import banded
-from seqmix.mixers.banded import band_matrices, banded_conv
+from seqmix.layers import banded
+from seqmix.layers.banded import band_matrices, banded_conv
 
 
 def loop_reference(x: torch.Tensor, w: torch.Tensor, padding_l: int) -> torch.Tensor:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqmix.config.mixer_group import mixer_config, mixer_factory, mixer_names
 from seqmix.errors import SeqmixError
 from seqmix.mixers import DynamicConv, LightConv, SelfAttention
 from seqmix.mixers.base import MixerState
-from seqmix.mixers.group import mixer_config, mixer_factory, mixer_names
 from seqmix.models.stack import build_mixer
 
 C, H, K = 16, 4, 7
@@ -332,13 +332,27 @@ def test_triton_path_equals_torch_path(name, causal):
         torch.testing.assert_close(g_kern, g_fast, atol=1e-5, rtol=1e-4)
 
 
-def test_missing_kernel_is_a_clear_error_only_when_requested(monkeypatch):
-    """A mixer whose kernel module does not exist yet: ``auto`` falls back to PyTorch, ``triton`` says so."""
-    from seqmix.mixers import backend
+def test_without_triton_auto_falls_back_and_triton_is_a_clear_error(monkeypatch):
+    """Triton absent (a CPU-only install): ``auto`` takes the PyTorch path, an explicit ``triton`` says so."""
+    from seqmix import kernel_backend as backend
 
+    def missing():
+        raise ModuleNotFoundError("No module named 'triton'", name="triton")
+
+    kernel = backend.Kernel("lightconv", missing)
     x = torch.randn(1, 4, C)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(SeqmixError, match="no Triton kernel for no_such_mixer"):
-        backend.triton_function("triton", x, "no_such_mixer", "op")
+    with pytest.raises(SeqmixError, match="Triton is not installed, so the lightconv kernel"):
+        backend.triton_function("triton", x, kernel)
     monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
-    assert backend.triton_function("auto", x, "no_such_mixer", "op") is None
+    assert backend.triton_function("auto", x, kernel) is None
+
+
+def test_each_conv_mixer_names_its_kernel_by_import():
+    from seqmix import kernel_backend as backend
+    from triton_kernels.dynamicconv import dynamicconv
+    from triton_kernels.lightconv import lightconv
+
+    assert LightConv(C, kernel_size=3, num_heads=2).conv.triton_kernel.load() is lightconv
+    assert DynamicConv(C, kernel_size=3, num_heads=2).conv.triton_kernel.load() is dynamicconv
+    assert backend.TALK.load().__module__ == "triton_kernels.talk.ops"

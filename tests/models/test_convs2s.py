@@ -12,7 +12,6 @@ from omegaconf import OmegaConf
 from torch.nn.utils import parametrize
 
 from seqmix.errors import SeqmixError
-from seqmix.mixers.convs2s import GLUConv, glu_conv1d
 from seqmix.models import count_parameters
 from seqmix.models.convs2s import (
     AttentionMemory,
@@ -23,6 +22,7 @@ from seqmix.models.convs2s import (
     scale_gradient,
 )
 from seqmix.models.encoder_decoder import EncoderOut
+from seqmix.models.glu_conv import GLUConv, glu_conv1d
 from tests.test_configs import compose_train, resolve_outside_hydra
 
 PAD, V = 1, 40
@@ -387,11 +387,11 @@ def expected_parameters(cfg, vocab: int) -> int:
     ("multi30k_convs2s_cpu", 8000, 4),
 ])
 def test_presets_compose_and_instantiate_with_their_parameter_counts(experiment, vocab, layers):
-    from seqmix.tasks.factory import build_model
+    from seqmix.config.build import build_model
 
     cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}", f"task.vocab_size={vocab}"]))
     with torch.device("meta"):  # shapes only: the WMT models have 10^8 parameters
-        model = build_model(cfg.model, vocab, vocab, padding_idx=PAD)
+        model = build_model(cfg, vocab, padding_idx=PAD)
     n = count_parameters(model)
     print(f"{experiment} (vocab {vocab}): {n:,} parameters")
     assert isinstance(model, ConvS2S) and len(model.decoder.blocks) == layers

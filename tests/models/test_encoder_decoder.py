@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from seqmix.errors import SeqmixError
+from seqmix.layers.embeddings import make_positions, sinusoidal_table
 from seqmix.mixers import SelfAttention
 from seqmix.models import EncoderDecoder, count_parameters
-from seqmix.models.embeddings import make_positions, sinusoidal_table
 
 PAD = 1
 
@@ -73,7 +73,7 @@ def test_source_padding_does_not_change_outputs():
 def test_padded_targets_keep_the_causal_attention_path(monkeypatch):
     """Right-padded decoder inputs need no mask in a causal stack: self-attention keeps ``is_causal`` (flash on
     GPUs) while cross-attention still masks source pads, and every real position equals the unpadded batch."""
-    import seqmix.mixers.multihead_attention as mha
+    import seqmix.layers.attention as mha
 
     calls = []
     sdpa = mha.F.scaled_dot_product_attention

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seqmix.config.mixer_group import mixer_factory
 from seqmix.errors import SeqmixError
 from seqmix.generation.beam_search import BeamSearch
 from seqmix.mixers import DynamicConv, SelfAttention, TaLK
-from seqmix.mixers.group import mixer_factory
 from seqmix.models import DecoderOnly, EncoderDecoder
 
 PAD, BOS, EOS, V = 1, 0, 2, 40

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from seqmix.mixers.disco import DisCoAttention, single_visible_key
 from seqmix.mixers.self_attention import SelfAttention
+from seqmix.models.disco_attention import DisCoAttention, single_visible_key
 from seqmix.models.nat import CMLMTransformer, DisCoTransformer
 from seqmix.models.nat_masks import disco_observed
 

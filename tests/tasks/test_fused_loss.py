@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from seqmix.config.build import task_options
 from seqmix.mixers import SelfAttention
 from seqmix.models import EncoderDecoder
 from seqmix.tasks import TranslationTask
@@ -137,7 +138,7 @@ def test_model_without_fused_methods_falls_back_to_logits():
 
 def test_option_comes_from_the_top_level_config_key():
     cfg = OmegaConf.create({"label_smoothing": 0.1, "task": {}, "fused_loss": True})
-    assert TranslationTask.options_from_config(cfg)["fused_loss"] is True
+    assert task_options(TranslationTask, cfg)["fused_loss"] is True
     cfg.fused_loss = False
-    assert TranslationTask.options_from_config(cfg)["fused_loss"] is False
-    assert "fused_loss" not in NonAutoregressiveTranslationTask.options_from_config(cfg)  # has its own loss
+    assert task_options(TranslationTask, cfg)["fused_loss"] is False
+    assert "fused_loss" not in task_options(NonAutoregressiveTranslationTask, cfg)  # has its own loss

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from seqmix.data.distilled import DistilledTrainSource, write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.generation.options import NATOptions
-from seqmix.mixers.disco import DisCoAttention
 from seqmix.mixers.self_attention import SelfAttention
+from seqmix.models.disco_attention import DisCoAttention
 from seqmix.models.nat import CMLMTransformer, DisCoTransformer
 from seqmix.tasks.nat_translation import NonAutoregressiveTranslationTask
 

@@ -16,9 +16,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import open_dict
 
-from seqmix.cli.resolvers import register_resolvers
+from seqmix.config.build import build_task
+from seqmix.config.resolvers import register_resolvers
 from seqmix.errors import SeqmixError
-from seqmix.tasks.factory import build_task
 
 register_resolvers()
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -136,7 +136,7 @@ def test_skip_stops_after_the_limit_in_a_row_with_finite_weights(tmp_path):
 def test_unknown_policy_is_a_user_error(tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["nonfinite=ignore"])
-    from seqmix.tasks.factory import nonfinite_policy
+    from seqmix.config.build import nonfinite_policy
 
     with pytest.raises(SeqmixError, match="nonfinite must be raise or skip"):
         nonfinite_policy(cfg)

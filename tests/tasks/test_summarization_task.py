@@ -9,11 +9,10 @@ import torch
 
 from seqmix.data.tokenizer import train_tokenizer
 from seqmix.generation import BeamOptions
-from seqmix.metrics import corpus_rouge, lead
+from seqmix.metrics import RougeOptions, corpus_rouge, lead
 from seqmix.mixers import LightConv
 from seqmix.models import EncoderDecoder
 from seqmix.tasks import SummarizationTask
-from seqmix.tasks.options import RougeOptions
 
 DOCS = ["The cat sat on the mat. It was warm. Then it slept. The end.",
         "A dog ran in the park! It barked at birds. Nobody minded.",
@@ -82,7 +81,7 @@ def test_generation_settings_flow_from_the_config_to_the_generator(name):
     from hydra.utils import instantiate
     from omegaconf import open_dict
 
-    from seqmix.tasks.factory import build_task
+    from seqmix.config.build import build_task
     from tests.test_configs import compose_train, resolve_outside_hydra
 
     cfg = resolve_outside_hydra(compose_train([f"task={name}", "model=lightconv_small",

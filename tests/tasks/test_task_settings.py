@@ -6,19 +6,20 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from seqmix.config.build import from_config
 from seqmix.errors import SeqmixError
 from seqmix.generation.options import BeamOptions, NATOptions, overridden
+from seqmix.metrics import RougeOptions
 from seqmix.tasks.base import SeqmixTask
-from seqmix.tasks.options import RougeOptions, from_config
 
-HOOKS = ("build_model", "compute_loss", "corpus_report", "evaluate_texts")
+HOOKS = ("compute_loss", "corpus_report", "evaluate_texts")
 
 
 def task_without(missing: str | None) -> type:
     def hook(*args, **kwargs):
         return None
 
-    body = {name: (classmethod(hook) if name == "build_model" else hook) for name in HOOKS if name != missing}
+    body = {name: hook for name in HOOKS if name != missing}
     return type(f"Without_{missing}", (SeqmixTask,), body)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqmix.layers.attention import MultiheadAttention
 from seqmix.mixers.base import MixerState, TokenMixer
-from seqmix.mixers.multihead_attention import MultiheadAttention
 
 
 class DisCoAttention(TokenMixer):

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqmix.dropout import dropout
 from seqmix.errors import SeqmixError
+from seqmix.layers.dropout import dropout
 from seqmix.mixers.base import (
     MixerState,
     TokenMixer,
@@ -130,7 +130,7 @@ class RingState(MixerState):
 
 
 class HeadConvMixer(ProjectedConvMixer):
-    """The block's mixer around a :class:`~seqmix.mixers.head_conv.HeadConvolution` (``conv_cls``)."""
+    """The block's mixer around a :class:`~seqmix.layers.head_conv.HeadConvolution` (``conv_cls``)."""
 
     conv_cls: type
 

@@ -1,32 +1,76 @@
-"""``compile_decoding``: the per-step computation of decoding compiled by torch.compile, the rest eager.
+"""torch.compile in one place: training updates (``compile``) and decoding steps (``compile_decoding``).
 
-Decoding on CPU is bound by per-operator overhead (a beam step of a small model runs dozens of tiny ops), which
-inductor's fusion can cut. What is compiled is what the search calls once per step: ``decode`` of an incremental
-decoder (embedding, every block's step with its cache updates, final norm, output projection) for beam search,
-and ``predict`` (one full, stateless decoder pass) for the NAT decoders. The search's own bookkeeping (top-k,
-finished hypotheses, reorders of the caches) stays eager: it is data-dependent and reads scores back to the host.
+Training compiles only what a task hands to ``SeqmixTask.compiled`` (the stacks up to the logits); the loss stays
+eager (its chunk loop is data-dependent). Decoding compiles what a search calls once per step (an incremental
+``decode``, a NAT ``predict``) through :class:`CompiledDecoding`, which stands in for the model; the search's
+bookkeeping stays eager. The model is never wrapped, so state_dict keys carry no ``_orig_mod.`` prefix.
 
-The model is not wrapped: :class:`CompiledDecoding` stands in for it in ``BeamSearch.generate`` /
-``IterativeDecoder.generate`` and forwards everything else to it, so state_dict keys, training and checkpoints
-are unchanged. Dynamo traces the caches' in-place updates (the self-attention buffer, the conv rings) and their
-Python counters (``DecoderState.step``, ``KeyValueCache.length``, ``RingState.step``) as symbolic ints, so a new
-step, batch size or source length reuses the graphs (``dynamic=True``, no duck sizing); the remaining
-recompiles are the few cache situations that change the traced code (the first step allocating a cache, a
-doubling of the attention buffer, a reorder having left no spare buffer), bounded per model, not per step.
-
-``padding_or_none`` keeps the mask under compilation instead of reading it back (``seqmix.models.padding``), so a
-step is one graph (a mask that masks nothing changes no value).
+Token-budget batches change (sentences, length) almost every update, so graphs use symbolic sizes
+(``dynamic=True``) without duck sizing: two lengths equal in the first batch must not become one symbol.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 
+import torch
+import torch._dynamo.config as dynamo_config
+import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.exc import TorchDynamoException
 
-from seqmix.compile import AUTO_DECODING, check_setting, compile_dynamic, enabled
+from seqmix.errors import SeqmixError
+
+# What ``compile: auto`` means per device type. CPU: measured not to pay on the 2-core machine (conf/train.yaml);
+# CUDA: not measured here (no GPU), so auto stays off there too until someone measures it.
+AUTO = {"cpu": False, "cuda": False}
+# What ``compile_decoding: auto`` means per device type (seqmix.models.compiled). CPU: measured not to pay on the
+# 2-core machine (benchmarks/README.md, decoding section); CUDA: not measured here, off until someone does.
+AUTO_DECODING = {"cpu": False, "cuda": False}
+
+
+def check_setting(setting, key: str = "compile") -> bool | str:
+    """The config value of ``key`` as given (true | false | auto); anything else is a user error."""
+    if setting is None:
+        return False
+    if isinstance(setting, bool) or setting == "auto":
+        return setting
+    raise SeqmixError(f"{key} must be true, false or auto, got {setting!r}")
+
+
+def enabled(setting: bool | str, device_type: str, auto: dict[str, bool] = AUTO) -> bool:
+    """Whether ``setting`` is on for ``device_type`` (``auto``: the measured choice, ``AUTO`` for training updates,
+    ``AUTO_DECODING`` for decoding)."""
+    return auto.get(device_type, False) if setting == "auto" else bool(setting)
+
+
+def compile_for_training(fn: Callable) -> Callable:
+    """``fn`` compiled by inductor (C++ on CPU, Triton on CUDA) with dynamic sizes and no duck sizing."""
+    return compile_dynamic(fn, "training forward", "train it with compile=false")
+
+
+def compile_dynamic(fn: Callable, what: str, remedy: str, backend: str | Callable = "inductor",
+                    recompile_limit: int | None = None) -> Callable:
+    """``fn`` compiled with dynamic sizes and no duck sizing; a compile error is one SeqmixError naming ``what``
+    failed and the ``remedy``. ``recompile_limit``: dynamo's graphs per code object while ``fn`` runs (its default,
+    8, counts the graphs of every caller of that code: past it, dynamo silently runs the code eagerly)."""
+    compiled = torch.compile(fn, dynamic=True, backend=backend)
+    limit = {} if recompile_limit is None else {"recompile_limit": recompile_limit}
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            with fx_config.patch(use_duck_shape=False), dynamo_config.patch(**limit):
+                return compiled(*args, **kwargs)
+        except TorchDynamoException as err:
+            first = str(err).strip().splitlines()[0][:300]
+            raise SeqmixError(f"torch.compile could not compile this model's {what} ({first}); {remedy}") from err
+
+    return run
+
 
 REMEDY = "decode with compile_decoding=false"
 # graphs per compiled code object: a model's step has a handful (see above), and every model decoded in a process

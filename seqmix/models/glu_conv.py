@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from seqmix.dropout import dropout
 from seqmix.errors import SeqmixError
-from seqmix.mixers.backend import check_backend, triton_function
+from seqmix.kernel_backend import CONVS2S_STEP, check_backend, triton_function
+from seqmix.layers.dropout import dropout
 from seqmix.mixers.base import TokenMixer, check_incremental_call, zero_padding
-from seqmix.mixers.conv_block import WindowState, encoder_padding, kernel_size_for_layer
+from seqmix.mixers.conv_mixer import WindowState, encoder_padding, kernel_size_for_layer
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -95,7 +95,7 @@ class GLUConv(TokenMixer):
             state.window = x.new_zeros(x.size(0), history, x.size(2))
         window = torch.cat([state.window, x], dim=1)  # (B, k−1+n, C), contiguous
         state.window = window[:, window.size(1) - history:]
-        kernel = triton_function(self.kernel_backend, x, "convs2s", "convs2s_step")
+        kernel = triton_function(self.kernel_backend, x, CONVS2S_STEP)
         cache = isinstance(state, LinearizedState) and not torch.is_grad_enabled()
         if cache and state.weight is not None:
             weight = state.weight

@@ -1,17 +1,23 @@
-"""Reading seqmix checkpoints with clear errors, averaging several of them, and a task from one."""
+"""Checkpoints, one module: reading them with clear errors, writing them whole or not at all, last.ckpt and
+interrupted.ckpt during training, averaging, and the checks before resuming or starting from one."""
 
 from __future__ import annotations
 
+import errno
+import importlib
+import inspect
 import logging
 import os
 from pathlib import Path
 
+import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
-from seqmix.data import Tokenizer
 from seqmix.errors import SeqmixError
-from seqmix.tasks.factory import build_task
+from seqmix.files import atomic_write
+from seqmix.tasks.base import weights_finite
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +35,54 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
                           "use another checkpoint of the run (last.ckpt or an epoch*.ckpt)") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "seqmix" not in ckpt:
         raise SeqmixError(f"{path} is not a seqmix checkpoint (no model weights/config/tokenizer inside)")
+    ckpt["seqmix"]["config"] = upgraded_config(ckpt["seqmix"].get("config") or {})
     return ckpt
+
+
+# model settings added after checkpoints were written: one without the setting was trained with this value
+LEGACY_MODEL_SETTINGS = {"decoder_start": "bos"}
+# classes that moved since checkpoints were written (module prefix of a ``_target_`` -> today's)
+MOVED_MODULES = {
+    "seqmix.mixers.disco.": "seqmix.models.disco_attention.",
+    "seqmix.mixers.convs2s.": "seqmix.models.glu_conv.",
+    "seqmix.callbacks.": "seqmix.training.checkpoints.",
+    "seqmix.dashboard.": "seqmix.training.dashboard.",
+    "seqmix.progress.": "seqmix.training.progress.",
+    "seqmix.stop_min_lr.": "seqmix.training.stop_min_lr.",
+}
+
+
+def _moved(node):
+    if isinstance(node, dict):
+        return {k: _moved_target(v) if k == "_target_" else _moved(v) for k, v in node.items()}
+    return [_moved(v) for v in node] if isinstance(node, list) else node
+
+
+def _moved_target(target):
+    for old, new in MOVED_MODULES.items():
+        if isinstance(target, str) and target.startswith(old):
+            return new + target.removeprefix(old)
+    return target
+
+
+def _takes(target: str, key: str) -> bool:
+    """Whether the class or function named ``target`` has a parameter ``key``."""
+    module, _, name = target.rpartition(".")
+    try:
+        return key in inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return False
+
+
+def upgraded_config(config: dict) -> dict:
+    """A checkpoint's run config as today's code reads it: moved classes under their new names, and model settings
+    added since at the value the checkpoint was trained with (only where today's model class takes them)."""
+    config = _moved(config)
+    model = config.get("model")
+    if isinstance(model, dict) and isinstance(model.get("_target_"), str):
+        added = {k: v for k, v in LEGACY_MODEL_SETTINGS.items() if k not in model and _takes(model["_target_"], k)}
+        config = {**config, "model": {**model, **added}} if added else config
+    return config
 
 
 def _resumable(ckpt: dict) -> bool:
@@ -95,10 +148,9 @@ def check_fits(task, ckpt: dict, option: str) -> None:
     if trained and own_task and trained != own_task:
         raise SeqmixError(f"{option} was trained on task {trained}, this run is task {own_task}: pass "
                           f"task={trained} (and the model settings it was trained with)")
-    # a checkpoint written before decoder_start existed was trained from bos (today's default is eos)
-    trained_start = ((ckpt["seqmix"].get("config") or {}).get("model") or {}).get("decoder_start", "bos")
+    trained_start = ((ckpt["seqmix"].get("config") or {}).get("model") or {}).get("decoder_start")
     own_start = getattr(getattr(task, "model", None), "decoder_start", None)
-    if own_start is not None and trained_start != own_start:
+    if own_start is not None and trained_start is not None and trained_start != own_start:
         raise SeqmixError(f"{option} was trained with model.decoder_start={trained_start} (its decoder's first input), "
                           f"this run has {own_start}: pass model.decoder_start={trained_start}")
     if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
@@ -157,20 +209,84 @@ def latest_epoch_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]
     return found[-n:]
 
 
-def load_task(ckpt_path: str | os.PathLike, average_last: int = 0) -> tuple[object, DictConfig]:
-    """(task with its model in eval mode, training config) from a checkpoint, or from the mean of the latest
-    ``average_last`` epoch checkpoints beside it."""
-    if average_last and average_last > 1:
-        ckpt = average_checkpoints(latest_epoch_checkpoints(Path(ckpt_path).parent, average_last))
-    else:
-        ckpt = load_checkpoint(ckpt_path)
-    meta = ckpt["seqmix"]
-    train_cfg = OmegaConf.create(meta["config"])
-    task = build_task(train_cfg, Tokenizer.from_json(meta["tokenizer"]))
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    missing, unexpected = task.model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SeqmixError(f"checkpoint {ckpt_path} does not match its own model config "
-                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); it is corrupt or from another version")
-    task.eval()
-    return task, train_cfg
+class AtomicCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        try:
+            atomic_write(path, lambda f: torch.save(checkpoint, f))
+        except OSError as err:
+            hint = "free some disk space" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "check the output folder"
+            raise SeqmixError(f"could not write checkpoint {path} ({err.strerror or err}): {hint}, then resume "
+                              "from the run's last good checkpoint (ckpt_path=<run dir>/checkpoints/last.ckpt); "
+                              "nothing half-written was left") from None
+
+
+log = logging.getLogger("seqmix")
+
+
+def _checkpoint_dir(trainer: L.Trainer) -> Path | None:
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath:
+            return Path(cb.dirpath)
+    return None
+
+
+class LastCheckpoint(Checkpoint):
+    """last.ckpt after every training epoch (its validation included), every ``every_n_updates`` optimizer updates
+    within epochs (0: never; WMT epochs are hours) and when training ends, mid-epoch too (max_steps, max_time);
+    interrupted.ckpt when training dies (exception, Ctrl-C). A run killed outright (OOM killer, preemption) thus
+    loses at most an epoch or ``every_n_updates`` updates, and resumes at the batch it stopped at (the loader's
+    place is in the checkpoint: seqmix.data.resumable_loader). ModelCheckpoint's own last.ckpt is only rewritten
+    when it saves a top-k checkpoint, i.e. when the best score improves. List it after the ModelCheckpoints (as
+    conf/callbacks does): Lightning runs checkpoint callbacks last, in their order, so the saved state holds their
+    view of this epoch's validation (ModelCheckpoint itself saves at the train epoch's end when validating every
+    epoch)."""
+
+    def __init__(self, last_name: str = "last.ckpt", interrupted_name: str = "interrupted.ckpt",
+                 every_n_updates: int = 0) -> None:
+        if every_n_updates < 0:
+            raise SeqmixError(f"every_n_updates={every_n_updates} must be >= 0 (0: only at epoch ends)")
+        self.last_name = last_name
+        self.interrupted_name = interrupted_name
+        self.every_n_updates = every_n_updates
+        self.last_path = ""  # where last.ckpt was written, once it was
+        self.interrupted_path = ""  # where interrupted.ckpt was written, once it was
+        self._saved_step = -1
+
+    def _save_last(self, trainer: L.Trainer) -> None:
+        directory = _checkpoint_dir(trainer)
+        # fast_dev_run saves nothing, as Lightning's own ModelCheckpoint does under it
+        if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking \
+                and not trainer.fast_dev_run:
+            trainer.save_checkpoint(directory / self.last_name)
+            self.last_path = str(directory / self.last_name)
+            self._saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        step = trainer.global_step  # unchanged over the batches one update accumulates: saved once
+        if self.every_n_updates and step % self.every_n_updates == 0 and step != self._saved_step:
+            self._save_last(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_last(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_last(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        directory = _checkpoint_dir(trainer)
+        if directory is None or trainer.global_step == 0:
+            return
+        if not weights_finite(pl_module):
+            log.warning("weights are not finite: not writing %s", self.interrupted_name)
+            return
+        path = directory / self.interrupted_name
+        try:
+            trainer.save_checkpoint(path)
+        except (OSError, SeqmixError) as err:  # e.g. the full disk that stopped the run: report the first error
+            log.warning("could not write %s: %s", path, err)
+            return
+        self.interrupted_path = str(path)
+        log.warning("training stopped by %s; state saved to %s (resume with ckpt_path=%s)",
+                    type(exception).__name__, path, path)

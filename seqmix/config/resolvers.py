@@ -9,14 +9,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from seqmix.preemption import slurm_job_folder
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from seqmix.config import paths
+from seqmix.training.preemption import slurm_job_folder
 
 
 def project_root() -> str:
-    """The folder holding conf/ and train.py; an env var wins for installed (non-editable) use."""
-    return os.environ.get("SEQMIX_ROOT", str(PROJECT_ROOT))
+    return str(paths.project_root())
 
 
 def wandb_offline() -> bool:
@@ -46,7 +44,7 @@ def _hydra_choices() -> tuple[dict, str | None]:
 
 def _mixer_names(model) -> list[str]:
     """The mixer group names (conf/mixer) of a model's stacks, hybrid legends included."""
-    from seqmix.mixers.group import mixer_name_of
+    from seqmix.config.mixer_group import mixer_name_of
 
     targets = []
     for side in ("encoder", "decoder"):

@@ -1,7 +1,7 @@
 """What a run shows beyond scalars, for wandb and for users without it: the composed config and the parameter count
 given to every logger (wandb's config, the CSV logger's hparams.yaml), a table of sample outputs beside their
 references after each validation (wandb), and pictures of what each layer's mixer does over one validation
-sentence (``seqmix.mixer_pictures``), saved as PNG files in the run folder and logged as wandb images."""
+sentence (``seqmix.training.mixer_pictures``), saved as PNG files in the run folder and logged as wandb images."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
-from seqmix.mixer_pictures import draw_mixing, readable
 from seqmix.mixers.base import TokenMixer
 from seqmix.models.encoder_decoder import count_parameters
+from seqmix.training.mixer_pictures import draw_mixing, readable
 
 _SIDE_OF_TOKENS = {"encoder": "source", "decoder": "target"}
 _SAMPLE_CHARS = 400  # a long source (a summarization document) is cut in the table

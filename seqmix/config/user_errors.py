@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import difflib
 import errno
-import os
-import sys
-from collections.abc import Callable
 
 from hydra.errors import InstantiationException, MissingConfigException, OverrideParseException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -119,23 +116,3 @@ def user_error_in(err: BaseException | None) -> tuple[BaseException, str] | None
         if message is not None:
             return link, message
     return None
-
-
-def report_and_exit(message: str) -> None:
-    print(f"seqmix: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def run_entry_point(main: Callable[[], object]) -> None:
-    """Run a ``@hydra.main`` function so that Hydra's own errors (raised while composing the config or creating the
-    run folder, before seqmix's code runs) end like every other user error. Hydra prints its errors itself unless
-    HYDRA_FULL_ERROR is set; it is set here so they reach us, and a user who set it gets the full trace as before."""
-    user_wants_traces = os.environ.get("HYDRA_FULL_ERROR") == "1" and "SEQMIX_HYDRA_FULL_ERROR" not in os.environ
-    os.environ["HYDRA_FULL_ERROR"] = os.environ["SEQMIX_HYDRA_FULL_ERROR"] = "1"  # children (DDP ranks) too
-    try:
-        main()
-    except Exception as raised:
-        found = None if user_wants_traces else user_error_in(raised)
-        if found is None:
-            raise
-        report_and_exit(found[1])

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
 from seqmix.errors import SeqmixError
-from seqmix.host_reads import read_interval
+from seqmix.layers.host_reads import read_interval
 
 
 class ProgressBar(RichProgressBar):

@@ -15,14 +15,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from seqmix.config.paths import conf_dir
 from seqmix.errors import SeqmixError
 from seqmix.mixers.base import TokenMixer
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 def _group_dirs(extra_conf_dirs: Iterable[str | Path] = ()) -> list[Path]:
-    return [Path(d) / "mixer" for d in (CONF_DIR, *extra_conf_dirs)]
+    return [Path(d) / "mixer" for d in (conf_dir(), *extra_conf_dirs)]
 
 
 def mixer_names(extra_conf_dirs: Iterable[str | Path] = ()) -> list[str]:
@@ -63,7 +62,7 @@ def settle_mixer_choice(cfg: DictConfig) -> None:
     if "mixer" not in cfg:
         return
     choice = HydraConfig.get().runtime.choices.get("mixer") if HydraConfig.initialized() else None
-    if choice is not None and (CONF_DIR / "mixer" / f"{choice}.yaml").is_file():
+    if choice is not None and (conf_dir() / "mixer" / f"{choice}.yaml").is_file():
         changed = sorted(k for k, v in cfg.mixer.items() if mixer_config(choice).get(k) != v)
         if changed:
             raise SeqmixError(f"mixer options go to a side: model.encoder.mixer.{changed[0]}=... and/or "

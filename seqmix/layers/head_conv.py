@@ -7,15 +7,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqmix.dropout import dropout
 from seqmix.errors import SeqmixError
-from seqmix.mixers.backend import check_backend, triton_function
-from seqmix.mixers.banded import banded_conv
+from seqmix.kernel_backend import Kernel, check_backend, triton_function
+from seqmix.layers.banded import banded_conv
+from seqmix.layers.dropout import dropout
 
 
 class HeadConvolution(nn.Module):
-    #: ``triton_kernels`` module and function serving CUDA tensors, e.g. ("lightconv", "lightconv")
-    triton_op: tuple[str, str]
+    #: the Triton op serving CUDA tensors (``seqmix.kernel_backend``)
+    triton_kernel: Kernel
 
     def __init__(self, channels: int, kernel_size: int, num_heads: int, weight_softmax: bool = True,
                  weight_dropout: float = 0.0, kernel_backend: str = "auto") -> None:
@@ -53,5 +53,5 @@ class HeadConvolution(nn.Module):
     def convolve(self, x: Tensor, w: Tensor, padding_l: int) -> Tensor:
         """The Triton op or the PyTorch core, opaque to torch.compile: both are already one fused call, and tracing
         them would break on the op lookup (an import) and on the core's strided in-place band writes."""
-        kernel = triton_function(self.kernel_backend, x, *self.triton_op)
+        kernel = triton_function(self.kernel_backend, x, self.triton_kernel)
         return banded_conv(x, w, padding_l) if kernel is None else kernel(x, w, padding_l)

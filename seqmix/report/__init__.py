@@ -1,7 +1,7 @@
 """A sweep as the table a paper prints: ``python -m seqmix.report <multirun dir> [--metric score|best_valid]``.
 
 Every job of a Hydra multirun (its folder's ``.hydra/overrides.yaml`` and ``run.json`` record, see
-``seqmix.run_record``) becomes a row; the overrides that vary between jobs are the row's key, and jobs that differ
+``seqmix.training.run_record``) becomes a row; the overrides that vary between jobs are the row's key, and jobs that differ
 only in ``seed`` are one row, mean ± std. Failed jobs, jobs that never finished and jobs the sweep planned but never
 started are listed as such, never dropped. Writes ``report.md``, ``report.csv`` and ``report.png`` (score against
 parameters, or against wall time when every job has the same size) into the multirun folder or ``--out``.
@@ -22,7 +22,7 @@ import yaml
 
 from seqmix.errors import SeqmixError, command_status
 from seqmix.files import atomic_write, atomic_write_text
-from seqmix.run_record import read_record
+from seqmix.training.run_record import read_record
 
 SEED = "seed"
 

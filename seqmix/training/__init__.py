@@ -1,0 +1,1 @@
+"""What a training run needs around the task: checkpoints, callbacks, preemption, run records, dashboards."""
