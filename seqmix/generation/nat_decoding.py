@@ -58,7 +58,10 @@ def candidate_rows(lengths: Tensor, placeholder: int, eos: int, pad: int) -> Ten
 
 
 def mean_logprob(logp: Tensor, real: Tensor) -> Tensor:
-    return (logp * real).sum(dim=-1) / real.sum(dim=-1).clamp(min=1)
+    """Mean over the real positions, summed in float64: a float32 sum's rounding depends on the row's width, so a
+    candidate's score (and the choice between candidates) would depend on the pads its batch gives it."""
+    total = (logp.double() * real).sum(dim=-1) / real.sum(dim=-1).clamp(min=1)
+    return total.to(logp.dtype)
 
 
 def _predict(model, tokens: Tensor, encoder_out, observed: Tensor, banned: list[int],

@@ -125,6 +125,15 @@ class RingState(MixerState):
     ring: Tensor | None = None
     step: int = 0
 
+    def write(self, slot: int, value: Tensor) -> None:
+        """Put ``value`` (B, H, C / H) in ``slot``: in place while autograd is off (decoding, compiled or not);
+        with autograd on, into a new ring, as an in-place write would change a tensor that backward needs."""
+        if not torch.is_grad_enabled():
+            self.ring[:, :, slot] = value
+            return
+        value = value.to(self.ring.dtype).unsqueeze(2)
+        self.ring = torch.cat([self.ring[:, :, :slot], value, self.ring[:, :, slot + 1:]], dim=2)
+
     def reorder(self, index: Tensor) -> None:
         self.ring = index_select_batch(self.ring, index)
 
@@ -173,7 +182,7 @@ class HeadConvMixer(ProjectedConvMixer):
         outs = []
         for j in range(n):
             slot = state.step % k
-            state.ring[:, :, slot] = x[:, j].view(bsz, conv.num_heads, -1)
+            state.write(slot, x[:, j].view(bsz, conv.num_heads, -1))
             w = taps if taps.dim() == 2 else taps[:, j]
             # time-ordered window position p (oldest first) lives in slot (slot + 1 + p) % K
             w = w.roll(slot + 1, dims=-1).unsqueeze(-2)  # (H, 1, K) or (B, H, 1, K)

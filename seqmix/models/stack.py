@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from seqmix.errors import SeqmixError
 from seqmix.layers.dropout import Dropout
 from seqmix.layers.embeddings import PositionalEmbedding
+from seqmix.layers.padding import padding_or_none
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
 
@@ -110,6 +111,7 @@ class Stack(nn.Module):
         self.embed_scale = math.sqrt(embed_dim) if scale_embedding else 1.0
         self.embed_positions = PositionalEmbedding(max_positions, embed_dim, self.padding_idx, positions)
         self.dropout = Dropout(dropout)
+        self.causal = causal
         self.pattern = None if pattern is None else list(pattern)
         factories = layer_mixer_configs({"layers": layers, "mixer": mixer, "pattern": pattern, "legend": legend})
         self.layers = nn.ModuleList(
@@ -134,17 +136,19 @@ class Stack(nn.Module):
 
     def forward(self, tokens: Tensor, state: DecoderState | None = None, encoder_out: Tensor | None = None,
                 encoder_padding_mask: Tensor | None = None) -> Tensor:
-        """Causal pass of a decoder stack (B, T, C), shared by EncoderDecoder and DecoderOnly. With ``state``,
+        """Pass of a decoder stack (B, T, C), shared by EncoderDecoder, DecoderOnly and CMLM. With ``state``,
         ``tokens`` holds only the new step(s) and positions continue from ``state.step``.
 
-        No padding mask: decoder inputs are right-padded (every collate pads on the right), and a causal mixer's
-        output at a real position reads only earlier positions, all real, so masking would change only the
-        outputs at pads, which no loss reads (fairseq's decoders likewise). Without a mask, attention keeps
-        ``is_causal`` (flash kernels on GPUs) and nothing reads the mask back to the host."""
+        A causal stack takes no padding mask: decoder inputs are right-padded (every collate pads on the right),
+        and a causal mixer's output at a real position reads only earlier positions, all real, so masking would
+        change only the outputs at pads, which no loss reads (fairseq's decoders likewise). Without a mask,
+        attention keeps ``is_causal`` (flash kernels on GPUs) and nothing reads the mask back to the host.
+        A non-causal stack (CMLM's decoder) reads later positions too, pads included: it always gets the mask."""
         offset = 0 if state is None else state.step
         x = self.embed(tokens, offset)
+        mask = None if self.causal else padding_or_none(tokens.eq(self.padding_idx))
         for i, layer in enumerate(self.layers):
-            x = layer(x, key_padding_mask=None, encoder_out=encoder_out,
+            x = layer(x, key_padding_mask=mask, encoder_out=encoder_out,
                       encoder_padding_mask=encoder_padding_mask, state=None if state is None else state.blocks[i])
         if state is not None:
             state.step += tokens.size(1)
