@@ -7,8 +7,8 @@ PIP := $(PY) -m pip
 # the CUDA build from PyPI on a GPU box. Override with `make install TORCH_VERSION=...`.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
-# pytest-xdist workers: two take the suite from 23 to 13 minutes on 2 cores (much of it is single-threaded: the Triton interpreter,
-# subprocess start-up, C++ compiles); each worker runs torch on one thread (tests/conftest.py).
+# pytest-xdist workers: much of the suite is single-threaded (the Triton interpreter, subprocess start-up, C++
+# compiles), so two workers pay off on 2 cores (benchmarks/README.md); each runs torch on one thread (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
@@ -23,14 +23,16 @@ install:
 	$(PIP) install --quiet -e ".[dev]"
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
-test:
+test: lint
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast:
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
+# ruff, then the layer contract (import-linter, [tool.importlinter] in pyproject.toml; docs/ARCHITECTURE.md)
 lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py
+	$(VENV)/bin/lint-imports
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

@@ -14,10 +14,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch import nn
 
+from seqmix.config.runtime import in_multirun
 from seqmix.config.user_errors import user_error_in
 from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
-from seqmix.training.run_record import fail_record, in_multirun
+from seqmix.training.run_record import fail_record
 
 _STARTED = time.time()  # when this process started (imported by the entry points first thing)
 

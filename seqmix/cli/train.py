@@ -14,6 +14,7 @@ from omegaconf import DictConfig, open_dict
 from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.config.build import build_task, model_from_config, to_container
 from seqmix.config.mixer_group import settle_mixer_choice
+from seqmix.config.runtime import job_overrides
 from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
 from seqmix.training.checkpoints import (
@@ -26,7 +27,7 @@ from seqmix.training.checkpoints import (
     remove_orphaned_writes,
 )
 from seqmix.training.preemption import Preemption, cluster_environment
-from seqmix.training.run_record import finish_record, job_overrides, start_record
+from seqmix.training.run_record import finish_record, start_record
 
 log = logging.getLogger("seqmix")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from seqmix.config import paths
+from seqmix.config.runtime import hydra_choices
 from seqmix.training.preemption import slurm_job_folder
 
 
@@ -31,17 +32,6 @@ def wandb_offline() -> bool:
         return True
 
 
-def _hydra_choices() -> tuple[dict, str | None]:
-    """(the run's config-group choices, its sweep folder when it is a multirun job)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return {}, None
-    hydra = HydraConfig.get()
-    return dict(hydra.runtime.choices), hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else None
-
-
 def _mixer_names(model) -> list[str]:
     """The mixer group names (conf/mixer) of a model's stacks, hybrid legends included."""
     from seqmix.config.mixer_group import mixer_name_of
@@ -59,7 +49,7 @@ def _mixer_names(model) -> list[str]:
 def run_tags(user_tags, *, _root_) -> list[str]:
     """wandb tags: task=, model=, mixer= (each mixer of the stacks), experiment= and sweep= (a multirun's folder),
     then the user's ``tags``, so that runs can be filtered by what they ran."""
-    choices, sweep = _hydra_choices()
+    choices, sweep = hydra_choices()
     tags = [f"task={_root_.task.name}", f"model={_root_.model.name}"]
     tags += [f"mixer={name}" for name in _mixer_names(_root_.model)]
     if choices.get("experiment"):
@@ -71,7 +61,7 @@ def run_tags(user_tags, *, _root_) -> list[str]:
 
 def run_group(default: str, *, _root_) -> str:
     """wandb group: a multirun's jobs share one (experiment or task, and the sweep folder's name); else ``default``."""
-    choices, sweep = _hydra_choices()
+    choices, sweep = hydra_choices()
     if not sweep:
         return default
     return f"{choices.get('experiment') or _root_.task.name}-{Path(sweep).name}"
@@ -79,9 +69,8 @@ def run_group(default: str, *, _root_) -> str:
 
 def cpu_training_precision() -> str:
     """Lightning's precision for the CPU recipes: ``bf16-mixed`` where the CPU multiplies bf16 natively (AVX512-BF16
-    or AMX: 1.3-1.4x the fp32 tokens/s of every Multi30k recipe, the same loss per update), else ``32-true``:
-    without those instructions oneDNN emulates bf16 and a bf16 matmul is several times slower than fp32 (7x on an
-    AVX2-only EPYC)."""
+    or AMX), else ``32-true``: without those instructions oneDNN emulates bf16, which is slower than fp32
+    (benchmarks/README.md, "Measurements behind the defaults")."""
     import torch
 
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}

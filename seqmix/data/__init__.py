@@ -5,7 +5,6 @@ from seqmix.data.dataset import PairDataset, collate_pairs, filter_by_length
 from seqmix.data.lm_blocks import BlockDataset, collate_blocks, make_blocks
 from seqmix.data.lm_datamodule import LanguageModelingDataModule
 from seqmix.data.sources import HFParallelSource, LocalParallelSource, ParallelCorpus, ToyReverseSource
-from seqmix.data.summarization_datamodule import SummarizationDataModule
 from seqmix.data.summary_sources import JsonlSummarySource
 from seqmix.data.text_sources import HFTextSource, LocalTextSource, TextCorpus
 from seqmix.data.tokenizer import (
@@ -25,7 +24,6 @@ __all__ = [
     "JsonlSummarySource",
     "LanguageModelingDataModule",
     "LocalTextSource",
-    "SummarizationDataModule",
     "TextCorpus",
     "collate_blocks",
     "make_blocks",

@@ -8,12 +8,11 @@ split from the task's own source, so a non-autoregressive model trains on the te
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
-
-from hydra.utils import get_class
 
 from seqmix.data.sources import CHUNK_SIZE, LocalParallelSource, ParallelCorpus
 from seqmix.errors import SeqmixError
@@ -43,7 +42,8 @@ class DistilledTrainSource:
 
     def __init__(self, base_target: str, src_lang: str, tgt_lang: str, distilled_path: str | None = None,
                  train_split: str = "train", distilled_pattern: str = "{split}.{lang}", **base_kwargs) -> None:
-        base_cls = get_class(base_target)
+        module, _, name = base_target.rpartition(".")
+        base_cls = getattr(importlib.import_module(module), name)
         accepted = inspect.signature(base_cls).parameters
         langs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if k in accepted}
         self.base = base_cls(**langs, **base_kwargs)

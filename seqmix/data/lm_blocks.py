@@ -65,13 +65,6 @@ def block_bounds(line_offsets: np.ndarray, tokens_per_sample: int, break_mode: s
     return starts, ends, ends - starts
 
 
-def block_ranges(line_sizes: list[int] | np.ndarray, tokens_per_sample: int, break_mode: str = "none") -> np.ndarray:
-    """Target ranges ``(a, b)`` over the stream, ``line_sizes`` counting each line's eos. They tile ``[1, N+1)``."""
-    offsets = np.concatenate([[1], 1 + np.cumsum(np.asarray(line_sizes, dtype=np.int64))])
-    starts, ends, _ = block_bounds(offsets, tokens_per_sample, break_mode)
-    return np.stack([np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)], axis=1).reshape(-1, 2)
-
-
 class BlockDataset(torch.utils.data.Dataset):
     """Samples ``{"id", "input", "target"}`` over a stream (a tensor, or a memory-mapped array); context positions
     have ``pad`` targets. Sample i scores targets ``starts[i]:ends[i]``."""

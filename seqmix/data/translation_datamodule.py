@@ -20,16 +20,20 @@ class TranslationDataModule(StoreDataModule):
     text and references. Pairs longer than the model's positions are skipped (and counted) when a split is read,
     so changing the model's positions never rebuilds a store. Skipping more than ``max_skipped_fraction`` of a
     split is an error (positions set below the data, or a misaligned corpus), not a run on what is left or a score
-    of part of a split."""
+    of part of a split.
+
+    ``truncate_source`` (document -> summary pairs): keep the first N subword tokens of every source, before its
+    eos (400 for CNN-DM, as See et al. 2017 and Wu et al. 2019); null keeps sources whole and skips too-long pairs.
+    Truncation happens when rows are read, so the store keeps whole documents."""
 
     TOKENIZER_DEFAULTS = {"vocab_size": 8000, "lowercase": False, "min_frequency": 2, "joint": True}
-    truncate_source: int | None = None
 
     def __init__(self, source, src_lang: str, tgt_lang: str, splits: dict, tokenizer: dict,
                  max_tokens: int = 4096, max_sentences: int | None = None, max_tokens_valid: int | None = None,
                  max_source_positions: int = 1024, max_target_positions: int = 1024,
                  num_workers: int = 0, cache_dir: str = "~/.cache/seqmix", seed: int = 1, chunk_size: int = 20_000,
-                 verify_store: bool = True, max_skipped_fraction: float = 0.01):
+                 verify_store: bool = True, max_skipped_fraction: float = 0.01,
+                 truncate_source: int | None = None):
         super().__init__(source, splits, tokenizer, max_tokens, max_tokens_valid, num_workers, cache_dir, seed,
                          chunk_size, verify_store)
         if not self.tokenizer_cfg["joint"]:
@@ -41,6 +45,10 @@ class TranslationDataModule(StoreDataModule):
         if not 0.0 <= max_skipped_fraction <= 1.0:
             raise SeqmixError(f"task.data.max_skipped_fraction={max_skipped_fraction} must be between 0 and 1")
         self.max_skipped_fraction = max_skipped_fraction
+        if truncate_source is not None and not 1 <= truncate_source < max_source_positions:
+            raise SeqmixError(f"task.data.truncate_source={truncate_source} must be between 1 and "
+                              f"max_source_positions - 1 = {max_source_positions - 1} (one position is the eos)")
+        self.truncate_source = truncate_source
 
     # ---- the store ----------------------------------------------------------------------------------------------
 

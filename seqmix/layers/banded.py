@@ -8,7 +8,7 @@ same convolution with the taps reversed. Where a GEMM is needed (per-position ta
 sequence is cut into chunks of L steps and each chunk meets its input window (L+K−1 steps, halo included) in one
 small matrix product, batched over all chunks of one head at once through strided views of a zero-padded copy of
 ``x``: cost and memory stay linear in T (unlike fairseq's T×T band) and no autograd ``unfold``/``permute`` copies
-are made (these, not the arithmetic, were 3/4 of the time of the earlier autograd version).
+are made (such copies, not the arithmetic, dominate an autograd version's time).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Dropout whose CPU mask costs a quarter of ``F.dropout``'s.
+"""Dropout with a cheaper CPU mask than ``F.dropout``'s.
 
-PyTorch draws a CPU dropout mask one Bernoulli sample (one 32-bit Mersenne-Twister draw) per element, serially: on a
-Multi30k Transformer update that was 17% of the time, more than any op but the matmuls. Here one 64-bit draw gives
-four 16-bit lanes, and an element is dropped when its lane falls below ``round(p · 2¹⁶)``: the drop probability is p
-rounded to a multiple of 2⁻¹⁶ (0.1 → 0.100006), and kept elements are scaled by the inverse of the rounded keep
-probability, so the layer stays unbiased. CUDA tensors keep ``F.dropout`` (Philox, already fast).
+PyTorch draws a CPU dropout mask one Bernoulli sample (one 32-bit Mersenne-Twister draw) per element, serially: a
+large share of a small model's CPU update (benchmarks/README.md, "Measurements behind the defaults"). Here one 64-bit
+draw gives four 16-bit lanes, and an element is dropped when its lane falls below ``round(p · 2¹⁶)``: the drop
+probability is p rounded to a multiple of 2⁻¹⁶ (0.1 → 0.100006), and kept elements are scaled by the inverse of the
+rounded keep probability, so the layer stays unbiased. CUDA tensors keep ``F.dropout`` (Philox, already fast).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class KeyValueCache(MixerState):
     """Projected keys/values of every step decoded so far, time-major in one buffer (capacity, 2, B, C) that
     grows by doubling: a step writes its keys/values in place instead of concatenating the whole cache, and a
     beam reorder gathers the filled part into a spare buffer in one copy (time-major rows are long and
-    contiguous, about twice as fast to gather on CPU as (B, H, t, d))."""
+    contiguous: faster to gather on CPU than (B, H, t, d))."""
 
     buffer: Tensor | None = None
     length: int = 0

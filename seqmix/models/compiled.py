@@ -24,11 +24,10 @@ from torch._dynamo.exc import TorchDynamoException
 
 from seqmix.errors import SeqmixError
 
-# What ``compile: auto`` means per device type. CPU: measured not to pay on the 2-core machine (conf/train.yaml);
-# CUDA: not measured here (no GPU), so auto stays off there too until someone measures it.
+# What ``compile: auto`` means per device type: off where it did not pay (CPU) or was never measured (CUDA);
+# see benchmarks/README.md, "Measurements behind the defaults".
 AUTO = {"cpu": False, "cuda": False}
-# What ``compile_decoding: auto`` means per device type (seqmix.models.compiled). CPU: measured not to pay on the
-# 2-core machine (benchmarks/README.md, decoding section); CUDA: not measured here, off until someone does.
+# What ``compile_decoding: auto`` means per device type, on the same grounds as ``AUTO``.
 AUTO_DECODING = {"cpu": False, "cuda": False}
 
 
@@ -42,8 +41,8 @@ def check_setting(setting, key: str = "compile") -> bool | str:
 
 
 def enabled(setting: bool | str, device_type: str, auto: dict[str, bool] = AUTO) -> bool:
-    """Whether ``setting`` is on for ``device_type`` (``auto``: the measured choice, ``AUTO`` for training updates,
-    ``AUTO_DECODING`` for decoding)."""
+    """Whether ``setting`` is on for ``device_type`` (``auto``: the per-device default, ``AUTO`` for training
+    updates, ``AUTO_DECODING`` for decoding)."""
     return auto.get(device_type, False) if setting == "auto" else bool(setting)
 
 
@@ -84,7 +83,7 @@ def check_decoding_setting(setting) -> bool | str:
 
 
 def decoding_enabled(setting: bool | str, device_type: str) -> bool:
-    """Whether decoding on ``device_type`` is compiled (``auto``: the measured choice, ``AUTO_DECODING``)."""
+    """Whether decoding on ``device_type`` is compiled (``auto``: the per-device default, ``AUTO_DECODING``)."""
     return enabled(check_decoding_setting(setting), device_type, AUTO_DECODING)
 
 

@@ -152,7 +152,7 @@ class EncoderDecoder(nn.Module):
 
     def _output_weight_t(self) -> Tensor:
         """The output projection as a contiguous (C, V) copy, for decoding: a decoder step's few rows times it are
-        about 1.5x faster on CPU than ``F.linear`` on the (V, C) weight. Rebuilt whenever the weight is another
+        faster on CPU than ``F.linear`` on the (V, C) weight. Rebuilt whenever the weight is another
         tensor, another storage or was written in place (optimizer steps and ``load_state_dict`` bump its version
         counter), so it is never stale."""
         w = self.output_weight()

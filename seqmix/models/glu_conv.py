@@ -39,8 +39,8 @@ def glu_conv1d(n_in: int, n_out: int, kernel: int, dropout: float) -> nn.Conv1d:
 @dataclass
 class LinearizedState(WindowState):
     """The last k−1 inputs, plus the conv weight folded for one matmul, computed at the first step of a decode
-    (re-folding the weight norm every step was almost half of the PyTorch step's conv time on CPU; see
-    triton_kernels/convs2s/README.md). Kept only while autograd is off, where the weights cannot change."""
+    (re-folding the weight norm every step is a large part of a step's conv time; triton_kernels/convs2s/README.md).
+    Kept only while autograd is off, where the weights cannot change."""
 
     weight: Tensor | None = None
 

@@ -49,6 +49,7 @@ MOVED_MODULES = {
     "seqmix.dashboard.": "seqmix.training.dashboard.",
     "seqmix.progress.": "seqmix.training.progress.",
     "seqmix.stop_min_lr.": "seqmix.training.stop_min_lr.",
+    "seqmix.data.SummarizationDataModule": "seqmix.data.TranslationDataModule",
 }
 
 

@@ -53,17 +53,3 @@ def fail_record(run_dir: str | Path | None, message: str) -> None:
     """Mark a started run failed (a folder without a record is not a training run's: left alone)."""
     if run_dir is not None and read_record(run_dir) is not None:
         update_record(run_dir, status="failed", error=message)
-
-
-def job_overrides() -> list[str]:
-    """The command-line overrides of this Hydra job (one sweep point's, in a multirun)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from seqmix.data import datamodule as dm_module
+from seqmix.data import translation_datamodule as dm_module
 from seqmix.data.dataset import PairDataset, collate_pairs
 from seqmix.data.sources import LocalParallelSource, ParallelCorpus, ToyReverseSource
 from seqmix.data.tokenizer import Tokenizer

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqmix.data.lm_blocks import block_ranges, collate_blocks, make_blocks, token_stream
+from seqmix.data.lm_blocks import block_bounds, collate_blocks, make_blocks, token_stream
 from seqmix.errors import SeqmixError
 
 EOS, PAD = 2, 1
@@ -73,12 +73,13 @@ def test_collate_pads_both_sides_and_counts_scored_tokens():
     assert batch["id"].tolist() == [0, 2]
 
 
-def test_block_ranges_checks_its_settings():
-    assert block_ranges([3, 4], 5).tolist() == [[1, 6], [6, 8]]
+def test_block_bounds_checks_its_settings():
+    starts, ends, sizes = block_bounds(np.array([1, 4, 8]), 5)  # lines of 3 and 4 tokens (eos included)
+    assert starts.tolist() == [1, 6] and ends.tolist() == [6, 8] and sizes.tolist() == [5, 2]
     with pytest.raises(SeqmixError, match="tokens_per_sample"):
-        block_ranges([3], 0)
+        block_bounds(np.array([1, 4]), 0)
     with pytest.raises(SeqmixError, match="break_mode"):
-        block_ranges([3], 4, "sentence")
+        block_bounds(np.array([1, 4]), 4, "sentence")
 
 
 def eos_reference(data, tokens_per_sample):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from seqmix.data import HFParallelSource, JsonlSummarySource, SummarizationDataModule
+from seqmix.data import HFParallelSource, JsonlSummarySource, TranslationDataModule
 from seqmix.errors import SeqmixError
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # before `datasets` is imported: never touch the network
@@ -77,9 +77,9 @@ def test_summarization_module_truncates_documents_and_keeps_references(shared_da
                 tokenizer={"vocab_size": 2000}, max_source_positions=1024, max_target_positions=1024,
                 cache_dir=str(tmp_path))
     source = JsonlSummarySource(str(shared_data / "scitldr-a"), "source", ["target"])
-    dm = SummarizationDataModule(source, truncate_source=50, **args)
+    dm = TranslationDataModule(source, truncate_source=50, **args)
     dm.setup()
-    whole = SummarizationDataModule(source, **args)
+    whole = TranslationDataModule(source, **args)
     whole.setup()
     cut, full = dm.datasets["valid"], whole.datasets["valid"]
     sources = [cut[i]["source"][:-1].tolist() for i in range(len(cut))]  # without the eos
@@ -90,4 +90,4 @@ def test_summarization_module_truncates_documents_and_keeps_references(shared_da
     assert len(refs) == 619 and max(map(len, refs)) == 4
     assert refs[0] == [dm.tokenizer.normalize_reference(r) for r in source.read("dev").reference_sets()[0]]
     with pytest.raises(SeqmixError, match="truncate_source"):
-        SummarizationDataModule(source, truncate_source=1024, **args)
+        TranslationDataModule(source, truncate_source=1024, **args)

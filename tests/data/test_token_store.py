@@ -21,7 +21,6 @@ from tokenizers import Tokenizer as HFTokenizer
 from seqmix.data import (
     LanguageModelingDataModule,
     LocalTextSource,
-    SummarizationDataModule,
     TranslationDataModule,
 )
 from seqmix.data.ragged import Ragged
@@ -218,7 +217,7 @@ def test_wikitext2_stream_equals_direct_encoding(shared_data, tmp_path):
 def test_dialogsum_stores_equal_direct_encoding(shared_data, tmp_path):
     source = JsonlSummarySource(str(shared_data / "dialogsum"), "dialogue", ["summary", "summary1"],
                                 "dialogsum.{split}.jsonl")
-    dm = SummarizationDataModule(source, "dialogue", "summary", {"train": "train", "valid": "dev"},
+    dm = TranslationDataModule(source, "dialogue", "summary", {"train": "train", "valid": "dev"},
                                  {"vocab_size": 4000}, truncate_source=400, cache_dir=str(tmp_path))
     dm.setup()
     for split, name in (("train", "train"), ("valid", "dev")):

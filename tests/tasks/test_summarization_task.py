@@ -124,7 +124,7 @@ def test_every_reference_of_a_record_reaches_the_score(tmp_path):
     hypothesis equal to any one of an example's references scores 100, one equal to none of them does not."""
     import json
 
-    from seqmix.data import JsonlSummarySource, SummarizationDataModule
+    from seqmix.data import JsonlSummarySource, TranslationDataModule
 
     records = [{"source": ["The paper studies cats.", "It finds they sleep."], "paper_id": "a",
                 "target": ["Cats sleep a lot.", "A study of sleeping cats.", "We watch cats nap."]},
@@ -133,7 +133,7 @@ def test_every_reference_of_a_record_reaches_the_score(tmp_path):
                {"source": ["Birds sing at dawn."], "paper_id": "c", "target": ["Birds sing.", "Dawn songs of birds."]}]
     for split in ("train", "dev"):
         (tmp_path / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    dm = SummarizationDataModule(JsonlSummarySource(str(tmp_path), "source", ["target"]), "abstract", "tldr",
+    dm = TranslationDataModule(JsonlSummarySource(str(tmp_path), "source", ["target"]), "abstract", "tldr",
                                  {"train": "train", "valid": "dev"}, {"vocab_size": 200, "min_frequency": 1},
                                  cache_dir=str(tmp_path / "cache"))
     dm.setup()
