@@ -24,10 +24,10 @@ install:
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-fast:
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 # ruff, then the layer contract (import-linter, [tool.importlinter] in pyproject.toml; docs/ARCHITECTURE.md)
 lint:
