@@ -3,14 +3,14 @@
 import hydra
 from omegaconf import DictConfig
 
-from seqmix.cli.common import run_entry_point, user_errors_exit
+from seqmix.cli.runner import guarded_job, run_command
 from seqmix.config.resolvers import register_resolvers
 
 register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")
-@user_errors_exit
+@guarded_job
 def main(cfg: DictConfig):
     from seqmix.cli.generate import generate
 
@@ -18,4 +18,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    run_entry_point(main)
+    run_command(main)

@@ -92,3 +92,13 @@ def test_a_folder_without_jobs_is_one_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(tmp_path)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("seqmix: error:") and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_damaged_overrides_file_is_named_in_one_line(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_job(sweep, "0", ["seed=1"], {"status": "finished", "score": 1.0})
+    (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- seed=1\n- [unclosed\n")
+    proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(sweep)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"seqmix: error: {sweep / '0' / '.hydra' / 'overrides.yaml'} is damaged")

@@ -1,15 +1,25 @@
-"""Every mistake a user can make ends in one ``seqmix: error:`` line that says what to do, exit status 2.
+"""Every mistake a user can make ends in one ``seqmix: error:`` line that says what to do, exit status 2; anything
+else is a bug and ends in one ``seqmix: internal error:`` line naming a file that holds its traceback, exit status 1.
 
 Three kinds reach the entry points: seqmix's own ``SeqmixError`` (bad data, checkpoints, settings), the config
 mistakes Hydra and OmegaConf catch (an unknown group choice, a misspelled key, an override that does not parse, a
 required value left out, an option a class does not take), and the file system's refusals (a full disk, an
-unwritable or impossible output folder). Anything else is a bug and keeps its traceback.
+unwritable or impossible output folder). ``command_status`` runs a side command (``python -m seqmix.report``, the
+interop commands) under the same rules; the Hydra commands use ``seqmix.cli.runner``.
 """
 
 from __future__ import annotations
 
 import difflib
 import errno
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
 from hydra.errors import InstantiationException, MissingConfigException, OverrideParseException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -116,3 +126,50 @@ def user_error_in(err: BaseException | None) -> tuple[BaseException, str] | None
         if message is not None:
             return link, message
     return None
+
+
+def report_user_error(message: str) -> NoReturn:
+    print(f"seqmix: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def write_traceback(err: BaseException, log_dir: str | os.PathLike | None = None) -> Path:
+    """``err``'s traceback in a new file under ``<log_dir>/errors`` (the system's temporary folder when there is no
+    log folder, or it cannot be written), so the terminal gets one line and the bug report gets everything."""
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    name = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}.txt"
+    for folder in ([Path(log_dir) / "errors"] if log_dir else []) + [Path(tempfile.gettempdir()) / "seqmix-errors"]:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text, encoding="utf-8")
+            return folder / name
+        except OSError:
+            continue
+    raise err
+
+
+def internal_error_line(err: BaseException, where: Path) -> str:
+    first = " ".join(str(err).split())[:300] or "(no message)"
+    return (f"seqmix: internal error: {type(err).__name__}: {first} (a bug in seqmix, not in what you ran; the "
+            f"traceback is in {where}: please report it)")
+
+
+def report_internal_error(err: BaseException, log_dir: str | os.PathLike | None = None) -> NoReturn:
+    print(internal_error_line(err, write_traceback(err, log_dir)), file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def command_status(action: Callable[[], object]) -> int:
+    """Run a side command's work: 0; a user error: one ``seqmix: error:`` line and 2; anything else: one
+    ``seqmix: internal error:`` line naming its traceback file, and 1."""
+    try:
+        action()
+    except Exception as raised:
+        found = user_error_in(raised)
+        if found is not None:
+            print(f"seqmix: error: {found[1]}", file=sys.stderr, flush=True)
+            return 2
+        print(internal_error_line(raised, write_traceback(raised, os.environ.get("SEQMIX_LOG_DIR"))),
+              file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -27,7 +27,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.config.paths import conf_dir
-from seqmix.errors import SeqmixError, command_status
+from seqmix.config.user_errors import command_status
+from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
 from seqmix.interop.fairseq_models import (

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from seqmix.errors import SeqmixError, command_status
+from seqmix.config.user_errors import command_status
+from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.training.run_record import read_record
 
@@ -67,12 +68,24 @@ def planned_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:
         return None
 
 
+def _read_overrides(path: Path) -> list:
+    """A job's overrides file; a damaged one is named, not a traceback."""
+    try:
+        overrides = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SeqmixError(f"{path} is damaged ({type(err).__name__}); repair it from the job's run.json overrides or "
+                          "remove that job folder, then report again") from None
+    if not isinstance(overrides, list):
+        raise SeqmixError(f"{path} does not hold a list of overrides; repair it or remove that job folder")
+    return overrides
+
+
 def read_jobs(sweep_dir: Path) -> list[Job]:
     folders = sorted((p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")),
                      key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
     jobs = []
     for folder in folders:
-        overrides = _overrides(yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text(encoding="utf-8")))
+        overrides = _overrides(_read_overrides(folder / ".hydra" / "overrides.yaml"))
         record = read_record(folder) or {}
         status = record.get("status")
         status = status if status in ("finished", "failed") else "unfinished"
