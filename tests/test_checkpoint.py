@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from seqmix.errors import SeqmixError
-from seqmix.training.checkpoints import AtomicCheckpointIO, check_resumable, load_weights
+from seqmix.training.checkpoints import AtomicCheckpointIO, check_resumable, load_checkpoint, load_weights
 
 
 class Vocabulary:
@@ -33,9 +33,13 @@ class TinyTask(nn.Module):
         self.proj = nn.Linear(width, 3)
 
 
+CONFIG = {"task": {"name": "tiny"}, "model": {"name": "tiny"}}  # what a checkpoint's run config must hold at least
+
+
 def save(tmp_path, task: TinyTask) -> str:
     path = tmp_path / "source.ckpt"
-    torch.save({"state_dict": task.state_dict(), "seqmix": {"tokenizer": task.tokenizer.to_json()}}, path)
+    torch.save({"state_dict": task.state_dict(), "seqmix": {"config": CONFIG, "tokenizer": task.tokenizer.to_json()}},
+               path)
     return str(path)
 
 
@@ -55,8 +59,8 @@ def test_a_different_vocabulary_or_shape_is_refused(tmp_path, target, needle):
 
 
 def resumable(step: int) -> dict:
-    return {"state_dict": {"w": torch.full((3,), float(step))}, "seqmix": {}, "optimizer_states": [], "loops": {},
-            "global_step": step}
+    return {"state_dict": {"w": torch.full((3,), float(step))}, "seqmix": {"config": CONFIG, "tokenizer": "{}"},
+            "optimizer_states": [], "loops": {}, "global_step": step}
 
 
 KILLED_WRITER = """
@@ -113,3 +117,19 @@ def test_a_corrupt_resume_checkpoint_names_the_newest_good_one_beside_it(tmp_pat
     with pytest.raises(SeqmixError, match="corrupt") as raised:
         check_resumable(last)
     assert "newest good" not in str(raised.value)
+
+
+@pytest.mark.parametrize("broken,needle", [
+    ({"seqmix": {"config": CONFIG, "tokenizer": "{}"}}, "no model weights"),
+    ({"state_dict": {}}, "no seqmix entry"),
+    ({"state_dict": {}, "seqmix": {"tokenizer": "{}"}}, "no run config"),
+    ({"state_dict": {}, "seqmix": {"config": {"task": {"name": "t"}}, "tokenizer": "{}"}}, "no model settings"),
+    ({"state_dict": {}, "seqmix": {"config": CONFIG}}, "no tokenizer"),
+    ({"state_dict": {}, "seqmix": {"config": CONFIG, "tokenizer": "{}", "format": 7}}, "checkpoint format 7"),
+    ([1, 2, 3], "holds a list, not a checkpoint"),
+])
+def test_an_incomplete_checkpoint_is_refused_naming_what_it_lacks(tmp_path, broken, needle):
+    path = tmp_path / "broken.ckpt"
+    torch.save(broken, path)
+    with pytest.raises(SeqmixError, match=f"not a complete seqmix checkpoint .*{needle}"):
+        load_checkpoint(path)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import TINY, describe, run
 
@@ -65,6 +66,9 @@ def made(tmp_path_factory) -> Made:
     (m / "run_dir" / "checkpoints" / "last.ckpt").rename(m.ckpt)
     whole = m.ckpt.read_bytes()
     (m / "truncated.ckpt").write_bytes(whole[: len(whole) // 2])
+    ckpt = torch.load(m.ckpt, map_location="cpu", weights_only=False)
+    del ckpt["seqmix"]["tokenizer"]
+    torch.save(ckpt, m / "no_tokenizer.ckpt")
     return m
 
 
@@ -153,6 +157,8 @@ CASES = [
     Case("generate without a checkpoint", "generate.py", lambda m: [], ("ckpt_path has no value",)),
     Case("generate from a file that is not a checkpoint", "generate.py",
          lambda m: [f"ckpt_path={m / 'not_a_checkpoint.ckpt'}"], ("unreadable or corrupt",)),
+    Case("generate from a checkpoint without its tokenizer", "generate.py",
+         lambda m: [f"ckpt_path={m / 'no_tokenizer.ckpt'}"], ("not a complete seqmix checkpoint", "no tokenizer")),
     Case("generate a split the task lacks", "generate.py", lambda m: ["ckpt_path=CKPT", "split=dev"],
          ("no 'dev' split",)),
     Case("generate from a missing input file", "generate.py",

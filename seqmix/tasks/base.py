@@ -26,6 +26,8 @@ from seqmix.errors import SeqmixError
 from seqmix.layers.host_reads import read_interval
 from seqmix.models.compiled import compile_for_training, enabled
 
+CHECKPOINT_FORMAT = 1  # the "format" of checkpoint_meta; checkpoints written before it existed have none
+
 
 def make_scheduler(factory, optimizer, estimated_updates):
     """``factory(optimizer)``; a schedule with a horizon (``total_updates``) the config leaves unset (null) gets
@@ -274,8 +276,8 @@ class SeqmixTask(L.LightningModule, ABC):
 
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
-        """What ``seqmix.training.checkpoints.load_task`` rebuilds the task from: the run config and the tokenizer."""
-        return {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": 1}
+        """What ``seqmix.config.build.load_task`` rebuilds the task from: the run config and the tokenizer."""
+        return {"config": self.run_config, "tokenizer": self.tokenizer.to_json(), "format": CHECKPOINT_FORMAT}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.raise_if_nonfinite()  # before Lightning writes the file

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write
-from seqmix.tasks.base import weights_finite
+from seqmix.tasks.base import CHECKPOINT_FORMAT, weights_finite
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,35 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     except Exception as err:  # truncated file, wrong format, ...
         raise SeqmixError(f"checkpoint {path} is unreadable or corrupt ({type(err).__name__}: {err}); "
                           "use another checkpoint of the run (last.ckpt or an epoch*.ckpt)") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "seqmix" not in ckpt:
-        raise SeqmixError(f"{path} is not a seqmix checkpoint (no model weights/config/tokenizer inside)")
-    ckpt["seqmix"]["config"] = upgraded_config(ckpt["seqmix"].get("config") or {})
+    problems = checkpoint_problems(ckpt)
+    if problems:
+        raise SeqmixError(f"{path} is not a complete seqmix checkpoint ({'; '.join(problems)}); use another "
+                          "checkpoint of the run (last.ckpt, best.ckpt or an epoch*.ckpt)")
+    ckpt["seqmix"]["config"] = upgraded_config(ckpt["seqmix"]["config"])
     return ckpt
+
+
+def checkpoint_problems(ckpt) -> list[str]:
+    """What a seqmix checkpoint lacks of what loading it needs: the weights, the run config (with its task and model)
+    and the tokenizer, in a format this version reads. Empty when nothing is missing."""
+    if not isinstance(ckpt, dict):
+        return [f"it holds a {type(ckpt).__name__}, not a checkpoint"]
+    problems = [] if isinstance(ckpt.get("state_dict"), dict) else ["no model weights (state_dict)"]
+    meta = ckpt.get("seqmix")
+    if not isinstance(meta, dict):
+        return [*problems, "no seqmix entry (run config and tokenizer): not written by seqmix"]
+    config = meta.get("config")
+    if not isinstance(config, dict):
+        problems.append("no run config")
+    else:
+        problems += [f"no {key} settings in its run config" for key in ("task", "model")
+                     if not isinstance(config.get(key), dict)]
+    if not isinstance(meta.get("tokenizer"), str) or not meta["tokenizer"].strip():
+        problems.append("no tokenizer")
+    if meta.get("format", CHECKPOINT_FORMAT) != CHECKPOINT_FORMAT:
+        problems.append(f"checkpoint format {meta.get('format')!r}, this seqmix reads {CHECKPOINT_FORMAT}: decode it "
+                        "with the seqmix version that wrote it")
+    return problems
 
 
 # model settings added after checkpoints were written: one without the setting was trained with this value
