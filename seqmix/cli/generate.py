@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.config.build import load_task
+from seqmix.config.schema import check_generate_config
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
@@ -94,6 +95,7 @@ def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict) -
 
 
 def generate(cfg: DictConfig) -> float | None:
+    check_generate_config(cfg)
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
     if cfg.get("distill_dir") and cfg.input:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")

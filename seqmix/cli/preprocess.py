@@ -9,8 +9,11 @@ import time
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from seqmix.config.schema import TASK, check
+
 
 def preprocess(cfg: DictConfig) -> None:
+    check(cfg, TASK)
     start = time.perf_counter()
     datamodule = instantiate(cfg.task.data, _convert_="all")
     logging.getLogger("seqmix.data").setLevel(logging.WARNING)  # the summary below says it once

@@ -15,6 +15,7 @@ from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.config.build import build_task, model_from_config, to_container
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.runtime import job_overrides
+from seqmix.config.schema import check_train_config
 from seqmix.errors import SeqmixError
 from seqmix.models import count_parameters
 from seqmix.training.checkpoints import (
@@ -62,6 +63,7 @@ def train(cfg: DictConfig) -> float | None:
     """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps), with run_test=false
     its best validation score, or None."""
     settle_mixer_choice(cfg)
+    check_train_config(cfg)  # types and ranges, before anything is built or written
     if cfg.dry_run:
         dry_run(cfg)
         return None
