@@ -113,6 +113,10 @@ CASES = [
          ("optim.lr=-1: must be a finite number > 0",)),
     Case("precision Lightning does not know", "train.py", lambda m: [*TINY, "trainer.precision=bogus"],
          ("Precision 'bogus' is invalid", "trainer")),
+    Case("misspelled monitored metric", "train.py",
+         lambda m: [*TINY, "callbacks.best_checkpoint.monitor=val/blue", "trainer.max_steps=4", "trainer.max_epochs=-1",
+                    "trainer.val_check_interval=2", "trainer.limit_val_batches=1"],
+         ("monitor='val/blue'", "fix that setting")),
     Case("nonfinite policy that does not exist", "train.py", lambda m: [*TINY, "nonfinite=ignore"],
          ("nonfinite='ignore': must be one of ['raise', 'skip']",)),
     # --- the data -------------------------------------------------------------------------------------------

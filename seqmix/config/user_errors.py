@@ -106,6 +106,8 @@ def describe(err: BaseException) -> str | None:
             return (f"{where}: {cause}; remove, rename or add that option (`python train.py --cfg job` shows the "
                     "composed config)")
         return f"{where}: {_one_line(str(cause))}; fix that {where}.* setting"
+    if isinstance(err, MisconfigurationException):  # Lightning's "a setting is wrong", wherever it is raised
+        return f"{_one_line(str(err))} (fix that setting; `python train.py --cfg job` shows the composed config)"
     if isinstance(err, OmegaConfBaseException) or type(err).__module__.startswith("hydra."):
         return _one_line(str(err).replace("Set the environment variable HYDRA_FULL_ERROR=1", ""))
     if isinstance(err, OSError) and err.errno in FILE_SYSTEM_HINTS:

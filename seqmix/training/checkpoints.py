@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write
@@ -303,6 +304,8 @@ class LastCheckpoint(Checkpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         directory = _checkpoint_dir(trainer)
         if directory is None or trainer.global_step == 0:
+            return
+        if isinstance(exception, MisconfigurationException):  # a setting to fix: nothing to resume from
             return
         if not weights_finite(pl_module):
             log.warning("weights are not finite: not writing %s", self.interrupted_name)
