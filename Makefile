@@ -14,7 +14,7 @@ BENCH_ARGS ?=
 
 export TRITON_DEFAULT_FP_FUSION ?= 1
 
-.PHONY: install test test-fast lint bench clean
+.PHONY: install test test-fast lint fuzz bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test-fast:
 lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py
 	$(VENV)/bin/lint-imports
+
+# the config fuzz test (tests/test_fuzz_configs.py) with more examples than make test's 40
+FUZZ_EXAMPLES ?= 1000
+fuzz:
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --hypothesis-show-statistics tests/test_fuzz_configs.py
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
