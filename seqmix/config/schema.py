@@ -80,11 +80,13 @@ class Kind(Rule):
 class ListOf(Rule):
     item: Rule
     length: int | None = None
+    min_length: int = 0
 
     def problem(self, value) -> str | None:
         allowed = (self.item.problem(object()) or "").removeprefix("must be ")
-        size = f"{self.length} " if self.length is not None else ""
-        if not isinstance(value, list | tuple) or (self.length is not None and len(value) != self.length):
+        size = f"{self.length} " if self.length is not None else ("non-empty " if self.min_length else "")
+        if not isinstance(value, list | tuple) or (self.length is not None and len(value) != self.length) \
+                or len(value) < self.min_length:
             return f"must be a list of {size}items, each {allowed}"
         return f"must be a list of {size}items, each {allowed}" if any(self.item.problem(v) for v in value) else None
 
@@ -115,7 +117,7 @@ ON_OFF_AUTO = AnyOf((FLAG, Choice(("auto",))))
 
 MODEL = {
     "model.embed_dim": COUNT, "model.*.embed_dim": COUNT, "model.*dropout": PROBABILITY,
-    "model.*.layers": AnyOf((COUNT, ListOf(ListOf(COUNT)))), "model.*.heads": COUNT, "model.*heads": maybe(COUNT),
+    "model.*.layers": AnyOf((COUNT, ListOf(ListOf(COUNT), min_length=1))), "model.*.heads": COUNT, "model.*heads": maybe(COUNT),
     "model.*.ffn_dim": COUNT, "model.max_*_positions": COUNT, "model.positions": Choice(("sinusoidal", "learned")),
     "model.decoder_start": Choice(("bos", "eos")), "*kernel_backend": Choice(("auto", "triton", "torch")),
     "model.*.mixer.kernel_size": AnyOf((COUNT, ListOf(COUNT))), "model.*.normalize_before": FLAG,

@@ -48,6 +48,10 @@ def stack_settings(settings: dict, cross_attention: bool) -> dict:
     unknown = set(settings) - known
     if unknown:
         raise SeqmixError(f"unknown encoder/decoder settings {sorted(unknown)}; known: {sorted(known)}")
+    layers = settings.get("layers")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise SeqmixError(f"model.<encoder|decoder>.layers={layers!r}: a stack of shared blocks needs a whole number of "
+                          "layers >= 1 (a list of [width, kernel] per layer is ConvS2S's format)")
     if cross_attention:
         settings.setdefault("cross_attention_heads", settings.get("heads") or 8)
     else:
