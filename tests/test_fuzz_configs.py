@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from seqmix.config.build import model_from_config
 from seqmix.config.mixer_group import settle_mixer_choice
-from seqmix.config.schema import TRAIN, check_train_config
+from seqmix.config.schema import TRAIN, check_train_config, leaf_keys
 from seqmix.config.user_errors import user_error_in
 from seqmix.models import count_parameters
 from tests.test_configs import compose_train, resolve_outside_hydra
@@ -50,16 +50,7 @@ def allowed_values(key: str) -> list:
 
 def schema_keys(base: str) -> list[str]:
     cfg = OmegaConf.to_container(compose_train([base]), resolve=False)
-
-    def leaves(node, prefix=""):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if prefix or k != "hydra":
-                    yield from leaves(v, f"{prefix}{k}.")
-        else:
-            yield prefix[:-1]
-
-    return sorted(k for k in leaves(cfg) if any(fnmatch.fnmatchcase(k, p) for p in TRAIN) and allowed_values(k))
+    return sorted(k for k in leaf_keys(cfg) if any(fnmatch.fnmatchcase(k, p) for p in TRAIN) and allowed_values(k))
 
 
 KEYS = {base: schema_keys(base) for base in BASES}

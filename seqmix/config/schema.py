@@ -163,19 +163,19 @@ GENERATE = {
 }
 
 
-def _keys(node, prefix: str = "") -> Iterator[str]:
+def leaf_keys(node, prefix: str = "") -> Iterator[str]:
     """Every leaf key of a config node (lists are leaves); Hydra's own node is not ours to check."""
     if isinstance(node, dict):
         for key, value in node.items():
             if prefix or key != "hydra":
-                yield from _keys(value, f"{prefix}{key}.")
+                yield from leaf_keys(value, f"{prefix}{key}.")
     else:
         yield prefix[:-1]
 
 
 def check(cfg: DictConfig, rules: dict[str, Rule]) -> None:
     """Refuse the first key of ``cfg`` whose value breaks a rule."""
-    for key in _keys(OmegaConf.to_container(cfg, resolve=False)):
+    for key in leaf_keys(OmegaConf.to_container(cfg, resolve=False)):
         matching = [rule for pattern, rule in rules.items() if fnmatch.fnmatchcase(key, pattern)]
         if not matching:
             continue
