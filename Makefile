@@ -34,7 +34,7 @@ lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py
 	$(VENV)/bin/lint-imports
 
-# the config fuzz test (tests/test_fuzz_configs.py) with more examples than make test's 40
+# the config fuzz test (tests/test_fuzz_configs.py) with more examples than make test's 30
 FUZZ_EXAMPLES ?= 1000
 fuzz:
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --hypothesis-show-statistics tests/test_fuzz_configs.py

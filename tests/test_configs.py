@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from seqmix.config.build import build_model, model_from_config
 from seqmix.config.mixer_group import mixer_class, mixer_names
 from seqmix.config.resolvers import register_resolvers
+from seqmix.config.schema import check_train_config
 from seqmix.config.user_errors import user_error_in
 from seqmix.errors import SeqmixError
 from seqmix.models import DecoderOnly, count_parameters
@@ -43,6 +44,7 @@ def resolve_outside_hydra(cfg):
 @pytest.mark.parametrize("model", names("model"))
 def test_model_task_compose_and_instantiate(task, model):
     cfg = resolve_outside_hydra(compose_train([f"task={task}", f"model={model}", "task.vocab_size=320"]))
+    check_train_config(cfg)  # every shipped model x task passes the schema (seqmix.config.schema)
     lm = cfg.task.get("adaptive") is not None
     vocab = max([320, *[c + 100 for c in (cfg.task.adaptive.cutoffs if lm else [])]])  # above adaptive cutoffs
     if lm and model.startswith(("convs2s", "cmlm", "disco")):  # no language model in these presets
@@ -60,14 +62,6 @@ def test_model_task_compose_and_instantiate(task, model):
         assert callable(instantiate(cfg[key]))
     OmegaConf.to_container(cfg.trainer, resolve=True)
     OmegaConf.to_container(cfg.callbacks, resolve=True)
-
-
-@pytest.mark.parametrize("experiment", names("experiment"))
-def test_experiments_compose_and_build(experiment):
-    cfg = resolve_outside_hydra(compose_train([f"experiment={experiment}"]))
-    with torch.device("meta"):  # shapes only: the paper models have 10^8 parameters
-        net = model_from_config(cfg)
-    assert count_parameters(net) > 0
 
 
 LM_TASKS = ["lm1b", "wikitext103", "wikitext2"]

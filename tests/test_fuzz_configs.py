@@ -3,7 +3,7 @@ message, never an internal error. Overrides are drawn from the schema's keys (se
 inside and outside what each rule allows (wrong types, out-of-range numbers, NaN and inf, empty strings, lists
 where scalars belong), plus misspelled keys and unknown group choices, on top of the shipped recipes.
 
-`make test` runs a fixed, derandomized sample (FUZZ_EXAMPLES, default 40); `make fuzz` runs 1,000.
+`make test` runs a fixed, derandomized sample (FUZZ_EXAMPLES, default 30); `make fuzz` runs 1,000.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from seqmix.config.user_errors import user_error_in
 from seqmix.models import count_parameters
 from tests.test_configs import compose_train, resolve_outside_hydra
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
 BASES = ["experiment=multi30k_transformer_cpu", "experiment=multi30k_lightconv_cpu", "experiment=multi30k_talk_cpu",
          "experiment=multi30k_convs2s_cpu", "experiment=multi30k_disco_cpu", "experiment=wikitext2_transformer_cpu",
          "experiment=dialogsum_transformer_cpu", "model=transformer_small"]

@@ -18,11 +18,13 @@ from hydra.core.hydra_config import HydraConfig
 from seqmix.config.build import model_from_config
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.resolvers import register_resolvers
+from seqmix.config.schema import check_train_config
 
 
 def build_for_dry_run(cfg) -> torch.nn.Module:
     """The model `python train.py <overrides> dry_run=true` builds and counts (shapes only: on the meta device)."""
     settle_mixer_choice(cfg)
+    check_train_config(cfg)  # train.py checks the schema before dry_run
     with torch.device("meta"):
         return model_from_config(cfg)
 
