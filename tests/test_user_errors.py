@@ -116,8 +116,6 @@ CASES = [
     # found by tests/test_fuzz_configs.py: an empty layer list passed the schema and crashed the stack
     Case("an empty list of layers for a transformer stack", "train.py", lambda m: [*TINY, "model.decoder.layers=[]"],
          ("model.decoder.layers=[]", "must be")),
-    Case("a list of layers for a transformer stack", "train.py",
-         lambda m: [*TINY, "model.decoder.layers=[[32,3]]"], ("layers=[[32, 3]]", "whole number of layers")),
     Case("misspelled monitored metric", "train.py",
          lambda m: [*TINY, "callbacks.best_checkpoint.monitor=val/blue", "trainer.max_steps=4", "trainer.max_epochs=-1",
                     "trainer.val_check_interval=2", "trainer.limit_val_batches=1"],

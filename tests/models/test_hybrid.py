@@ -95,3 +95,12 @@ def test_a_pattern_that_does_not_fit_is_a_clear_error(pattern, legend, message):
     side = dict(layers=3, ffn_dim=32, heads=2, pattern=pattern, legend=legend)
     with pytest.raises(SeqmixError, match=message):
         EncoderDecoder(V, V, PAD, 16, encoder=side, decoder=side)
+
+
+@pytest.mark.parametrize("layers", [[[32, 3]], [], 0, -2, True, 2.0])
+def test_a_stack_takes_only_a_whole_number_of_layers(layers):
+    """ConvS2S's per-layer list, or anything but a count >= 1, is refused by the shared stack with what to pass."""
+    from seqmix.models.stack import stack_settings
+
+    with pytest.raises(SeqmixError, match="whole number of layers >= 1"):
+        stack_settings({"layers": layers, "mixer": None}, cross_attention=False)
