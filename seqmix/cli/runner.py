@@ -60,13 +60,16 @@ def clean_failed_run(cfg: DictConfig, message: str) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _job_failed(cfg: DictConfig, raised: Exception, found: tuple | None) -> None:
+def _failure_line(cfg: DictConfig, raised: Exception, found: tuple | None) -> str:
+    """The one line a failure ends in; for a bug, after its traceback is written to a file the line names."""
+    if found is not None:
+        return f"seqmix: error: {found[1]}"
+    return internal_error_line(raised, write_traceback(raised, log_dir_of(cfg)))
+
+
+def _job_failed(cfg: DictConfig, line: str, found: tuple | None) -> None:
     """A multirun job's failure: its line, its record, and a SeqmixError for Hydra, which goes on with the other
     jobs and raises the first failure at the end of the sweep (``run_command`` then prints the summary)."""
-    if found is not None:
-        line = f"seqmix: error: {found[1]}"
-    else:
-        line = internal_error_line(raised, write_traceback(raised, log_dir_of(cfg)))
     fail_record(output_dir_of(cfg), line)
     overrides = " ".join(job_overrides()) or "(no overrides)"
     _FAILED_JOBS.append((overrides, line, found is not None))
@@ -83,13 +86,12 @@ def guarded_job(fn: Callable[[DictConfig], object]) -> Callable[[DictConfig], ob
             return fn(cfg)
         except Exception as raised:
             found = user_error_in(raised)
+            line = _failure_line(cfg, raised, found)
             if in_multirun():
-                _job_failed(cfg, raised, found)
-            if found is None:
-                clean_failed_run(cfg, "seqmix: internal error (see the traceback file)")
-                report_internal_error(raised, log_dir_of(cfg))
-            clean_failed_run(cfg, f"seqmix: error: {found[1]}")
-            report_user_error(found[1])
+                _job_failed(cfg, line, found)
+            clean_failed_run(cfg, line)
+            print(line, file=sys.stderr, flush=True)
+            sys.exit(2 if found is not None else 1)
 
     return wrapper
 

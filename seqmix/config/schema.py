@@ -98,7 +98,7 @@ class AnyOf(Rule):
     def problem(self, value) -> str | None:
         problems = [r.problem(value) for r in self.rules]
         if all(problems):
-            return " or ".join(p.removeprefix("must be ") for p in problems).join(("must be ", ""))
+            return "must be " + " or ".join(p.removeprefix("must be ") for p in problems)
         return None
 
 
