@@ -8,6 +8,7 @@ import sys
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, open_dict
 
@@ -42,8 +43,11 @@ def dry_run(cfg: DictConfig) -> int:
     return n
 
 
-def instantiate_callbacks(cfg: DictConfig) -> list:
-    return [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+def instantiate_callbacks(cfg: DictConfig, loggers: list) -> list:
+    """The configured callbacks; without a logger (``logger=none``) not the learning-rate monitor, which Lightning
+    refuses there and which would have nothing to log to."""
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None and "_target_" in c]
+    return [c for c in callbacks if loggers or not isinstance(c, LearningRateMonitor)]
 
 
 def instantiate_loggers(cfg: DictConfig) -> list:
@@ -87,10 +91,10 @@ def train(cfg: DictConfig) -> float | None:
         log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
-    callbacks = instantiate_callbacks(cfg)
+    loggers = instantiate_loggers(cfg)
+    callbacks = instantiate_callbacks(cfg, loggers)
     plugins = {} if cfg.trainer.get("plugins") else {"plugins": [AtomicCheckpointIO(), *cluster_environment()]}
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=instantiate_loggers(cfg) or False,
-                                     **plugins)
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **plugins)
     preemption = Preemption(requeue=cfg.get("slurm_requeue", True))
     preemption.install()
     try:
