@@ -10,8 +10,14 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from seqmix.errors import SeqmixError
+
+# SDPA's backends on CUDA, cuDNN's left out: it builds an execution plan for every new (batch, length) shape, hundreds
+# of milliseconds each, and token-budget batching gives nearly every update a new shape. On the H100 the
+# Transformer recipe's updates took 7x as long as the conv recipes' with it allowed (benchmarks/README.md, GPU check).
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class MultiheadAttention(nn.Module):
@@ -69,9 +75,12 @@ class MultiheadAttention(nn.Module):
         if attn_mask is not None:
             per_query = attn_mask.unsqueeze(1)  # (B, 1, T, S): the same context for every head
             mask = per_query if mask is None else (mask & per_query)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
-        )
+        dropout = self.dropout if self.training else 0.0
+        if q.is_cuda:
+            with sdpa_kernel(CUDA_SDPA_BACKENDS):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
         b = out.size(0)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim))
 

@@ -393,3 +393,13 @@ def test_each_conv_mixer_names_its_kernel_by_import():
     assert LightConv(C, kernel_size=3, num_heads=2).conv.triton_kernel.load() is lightconv
     assert DynamicConv(C, kernel_size=3, num_heads=2).conv.triton_kernel.load() is dynamicconv
     assert backend.TALK.load().__module__ == "triton_kernels.talk.ops"
+
+
+def test_attention_on_cuda_leaves_out_cudnn_sdpa():
+    """cuDNN's SDPA plans every new (batch, length) shape anew; token-budget batches are nearly all new shapes."""
+    from torch.nn.attention import SDPBackend
+
+    from seqmix.layers.attention import CUDA_SDPA_BACKENDS
+
+    assert SDPBackend.CUDNN_ATTENTION not in CUDA_SDPA_BACKENDS
+    assert {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH} <= set(CUDA_SDPA_BACKENDS)
