@@ -14,7 +14,7 @@ BENCH_ARGS ?=
 
 export TRITON_DEFAULT_FP_FUSION ?= 1
 
-.PHONY: install test test-fast lint fuzz bench clean
+.PHONY: install test test-fast lint fuzz bench gpu-check clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ fuzz:
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+# one CUDA GPU, a few minutes: kernels, AMP, DDP, compile, decoding, WMT-size models (benchmarks/gpu_check.py); without
+# CUDA it says so in one line and exits 0. Commit the report folder (benchmarks/results/gpu_check/).
+GPU_CHECK_OUT ?= benchmarks/results/gpu_check/$(shell date +%Y-%m-%d_%H-%M)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PY) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -25,7 +25,7 @@ RECIPES = (BASELINE, "lightconv_small", "dynamicconv_small", "talk_small", "conv
 FIELDS = ("model variant experiment parameters data max_tokens accumulate updates sentences_per_update "
           "tgt_tokens_per_update first_update_s ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio "
           "variant_speed_ratio cpu_ms_per_update cpu_time_ratio flops_per_tgt_token gflops_per_s matmul_gflops_per_s "
-          "matmul_fraction final_loss batch_digest status")
+          "matmul_fraction first_loss final_loss peak_mem_mb batch_digest status")
 
 
 @dataclass
@@ -67,6 +67,7 @@ class UpdateTimer(L.Callback):
 
     def __init__(self, accumulate: int):
         self.accumulate, self.updates, self.loss, self.digest = accumulate, [], None, hashlib.sha1()
+        self.first_loss = None
 
     def _now(self, module) -> list[float]:
         if module.device.type == "cuda":
@@ -84,6 +85,7 @@ class UpdateTimer(L.Callback):
         if (batch_idx + 1) % self.accumulate == 0:
             self.updates[-1][:2] = [b - a for a, b in zip(self.updates[-1][:2], self._now(module))]
             self.loss = float(outputs["loss"])
+            self.first_loss = self.loss if self.first_loss is None else self.first_loss
 
 
 def measure(model: str, s: Settings, overrides: list[str], device: torch.device) -> dict:
@@ -99,14 +101,17 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
     dm.setup("fit")
     torch.manual_seed(int(cfg.seed))
     task, timer = build_task(cfg, dm.tokenizer), UpdateTimer(accum)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*(num_workers|does not have many workers|LeafSpec).*")
         instantiate(cfg.trainer, accelerator=device.type, devices=1, num_nodes=1, strategy="auto", max_epochs=-1,
                     max_steps=updates, limit_train_batches=updates * accum, max_time=None, limit_val_batches=0,
                     num_sanity_val_steps=0, logger=False, callbacks=[timer], enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=root).fit(task, datamodule=dm)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None  # the fit's own
     wall, cpu, tokens, sentences = zip(*timer.updates[s.warmup:])
-    flops_per_token = update_flops_per_target_token(task, dm, device)
+    flops_per_token = update_flops_per_target_token(task.to(device), dm, device)  # fit's teardown moved it to the CPU
     tokens_per_s = statistics.median(n / t for n, t in zip(tokens, wall))
     return common.new_row(
         FIELDS, model=str(cfg.model.name), experiment=experiment_of(model), parameters=count_parameters(task.model),
@@ -114,17 +119,26 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
         data=f"multi30k train ({cfg.task.data.source.path})", max_tokens=int(cfg.task.data.max_tokens), accumulate=accum,
         updates=len(wall), sentences_per_update=statistics.fmean(sentences), tgt_tokens_per_update=statistics.fmean(tokens),
         ms_per_update=1000 * statistics.median(wall), ms_min=1000 * min(wall), ms_max=1000 * max(wall),
-        tokens_per_s=tokens_per_s, final_loss=timer.loss, flops_per_tgt_token=flops_per_token,
+        tokens_per_s=tokens_per_s, first_loss=timer.first_loss, final_loss=timer.loss, flops_per_tgt_token=flops_per_token,
+        peak_mem_mb=peak,
         gflops_per_s=flops_per_token * tokens_per_s / 1e9,
         cpu_ms_per_update=1000 * statistics.median(cpu) if device.type == "cpu" else None,
         batch_digest=timer.digest.hexdigest()[:12], status="ok")
 
 
 def update_flops_per_target_token(task, dm, device: torch.device) -> float:
-    """Floating-point operations of one eager training update (forward + backward; torch's FlopCounterMode, which
-    counts matmuls, convolutions and attention) on the first training batch, per target token: the arithmetic the
-    timed updates do, whatever precision or compilation ran them."""
+    """Floating-point operations of one eager training update on the first training batch, per target token
+    (:func:`batch_flops_per_target_token`)."""
     from lightning.pytorch.utilities import move_data_to_device
+
+    return batch_flops_per_target_token(task, move_data_to_device(next(iter(dm.train_dataloader())), device))
+
+
+def batch_flops_per_target_token(task, batch: dict) -> float:
+    """Floating-point operations of one eager training update (forward + backward; torch's FlopCounterMode, which
+    counts matmuls, convolutions and attention) on ``batch``, per target token: the arithmetic the timed updates do,
+    whatever precision or compilation ran them. Counted with the loss unfused (the counter cannot see into the Triton
+    loss kernel; the arithmetic is the same)."""
     from torch.utils import flop_counter
 
     aten = torch.ops.aten
@@ -133,13 +147,18 @@ def update_flops_per_target_token(task, dm, device: torch.device) -> float:
             lambda q, k, v, *_, out_shape=None, **__: flop_counter.sdpa_flop_count(q, k, v),
         aten._scaled_dot_product_flash_attention_for_cpu_backward:
             lambda g, q, k, v, *_, out_shape=None, **__: flop_counter.sdpa_backward_flop_count(g, q, k, v)}
-    batch = move_data_to_device(next(iter(dm.train_dataloader())), device)
-    task.compile_training = False
+    compiled, task.compile_training = task.compile_training, False
+    fused = getattr(task, "fused_loss", None)
+    if fused is not None:
+        task.fused_loss = False
     task.train()
     counter = flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_attention)
     with counter:
         task.compute_loss(batch)[0].backward()
     task.zero_grad(set_to_none=True)
+    task.compile_training = compiled
+    if fused is not None:
+        task.fused_loss = fused
     return counter.get_total_flops() / max(int(batch["ntokens"]), 1)
 
 

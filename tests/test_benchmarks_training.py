@@ -106,8 +106,9 @@ def test_update_flops_count_matmuls_forward_and_backward_and_cpu_attention():
             return [{"x": torch.randn(10, 8), "ntokens": torch.tensor(4)}]
 
     task = _AttentionTask()
+    task.compile_training = True
     per_token = training.update_flops_per_target_token(task, Data(), CPU)
     linear = 2 * (2 * 10 * 8 * 16)  # forward and weight gradient (the input needs none)
     attention = (2 + 5) * (2 * (2 * 2) * 5 * 5 * 8)  # 2 (B*H, T, T|D) products forward, 5 backward; 2*B*H*T*T*D each
     assert per_token * 4 == linear + attention
-    assert task.compile_training is False and task.proj.weight.grad is None  # eager count, nothing left behind
+    assert task.compile_training is True and task.proj.weight.grad is None  # counted eagerly, nothing left behind

@@ -19,6 +19,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_K = 128
 _INT32_MAX = 2**31 - 1
 _TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# The accuracy the kernels promise against a float64 reference on the same (rounded) inputs, per dtype; the kernel
+# tests and the GPU check (benchmarks/kernels.py) hold them to it. rms(error) / rms(reference): fp16/bf16 are
+# dominated by rounding the output once (2^-11 and 2^-8 relative).
+RATIO_LIMIT = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# max |error| / max |reference|: catches a few wrong elements that an rms ratio would average away.
+MAX_LIMIT = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+ABS_FLOOR = 1e-6  # references that are ~0 are compared absolutely
 
 
 # Read once at import: @triton.jit picks interpreter vs. compiler when the kernels are defined (also at

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import torch
 
-# rms(error) / rms(reference) limits. fp16/bf16 are dominated by rounding the output once
-# (2^-11 and 2^-8 relative), since the reference sees the same rounded inputs.
-RATIO_LIMIT = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-# Max |error| / max |reference|: catches a few wrong elements that an rms ratio would average away.
-MAX_LIMIT = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-ABS_FLOOR = 1e-6  # references that are ~0 are compared absolutely
+from triton_kernels.common import ABS_FLOOR, MAX_LIMIT, RATIO_LIMIT
 
 
 def assert_close(name: str, actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
