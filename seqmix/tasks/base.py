@@ -86,8 +86,10 @@ class SeqmixTask(L.LightningModule, ABC):
         self._last_step_time: float | None = None
         self.timed_tokens, self.timed_seconds = 0, 0.0  # training throughput over the whole run (the run record's)
         self._first_nonfinite: Tensor | None = None  # step of the first non-finite loss (-1: none), on the device
-        self.skipped_updates = 0  # updates dropped by nonfinite=skip (loss-scale skips of 16-mixed included)
+        self.skipped_updates = 0  # updates dropped by nonfinite=skip for a non-finite loss or gradient
+        self.loss_scale_skips = 0  # 16-mixed: steps the loss scaler skipped while the loss was finite (overflow)
         self._skipped_in_a_row = 0
+        self._loss_nonfinite: Tensor | None = None  # nonfinite=skip: any non-finite loss since the last step
         self._compiled: dict[str, Callable] = {}  # a plain dict: nothing compiled is registered as a submodule
         self.reports: dict[str, Report] = {}
         self.test_split = "test"
@@ -112,6 +114,9 @@ class SeqmixTask(L.LightningModule, ABC):
         loss, nll, ntokens = self.compute_loss(batch)
         if self.nonfinite == "raise":
             self.watch_finite(loss)
+        else:  # on the device: optimizer_step reads it only when the loss scaler skipped the step
+            bad = ~torch.isfinite(loss.detach())
+            self._loss_nonfinite = bad if self._loss_nonfinite is None else self._loss_nonfinite | bad
         denom = max(ntokens, 1)
         now = time.perf_counter()
         if self._last_step_time is not None:
@@ -153,7 +158,9 @@ class SeqmixTask(L.LightningModule, ABC):
         """With ``nonfinite=skip``: an update whose gradients (after the DDP all-reduce, so every rank agrees) are
         not finite leaves weights and optimizer state untouched (its gradients are dropped before the step; the
         step counter and lr schedule still advance). Deciding reads one flag back per update: a host sync on GPUs.
-        Under 16-mixed the loss scaler already skips overflowing steps; those are counted the same way."""
+        Under 16-mixed the loss scaler skips steps whose scaled gradients overflow: while the loss was finite that is
+        the scaler finding its scale (often several steps in a row at the start), counted in ``loss_scale_skips`` and
+        not toward ``nonfinite_skip_limit``; a skip with a non-finite loss counts as a skipped update."""
         if self.nonfinite != "skip":
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
@@ -170,7 +177,10 @@ class SeqmixTask(L.LightningModule, ABC):
             return result
 
         optimizer.step(closure=closure)
-        if dropped or (scaler is not None and scaler.get_scale() < scale):
+        loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
+        if scaler is not None and scaler.get_scale() < scale and not (loss_nonfinite is not None and bool(loss_nonfinite)):
+            self.loss_scale_skips += 1
+        elif dropped or (scaler is not None and scaler.get_scale() < scale):
             self._count_skipped()
         else:
             self._skipped_in_a_row = 0
@@ -189,6 +199,8 @@ class SeqmixTask(L.LightningModule, ABC):
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.nonfinite == "skip":
             self.log("train/skipped_updates", float(self.skipped_updates), on_step=True, on_epoch=False)
+            if self.loss_scale_skips:
+                self.log("train/loss_scale_skips", float(self.loss_scale_skips), on_step=True, on_epoch=False)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]

@@ -67,7 +67,7 @@ def test_a_deferred_check_still_stops_before_the_next_checkpoint(tmp_path):
     assert not any(torch.isfinite(p).all() for p in trainer.lightning_module.parameters() if p.dim() > 1)
 
 
-def skip_run(tmp_path, poison, limit=10, steps=12, policy="skip", callbacks=()):
+def skip_run(tmp_path, poison, limit=10, steps=12, policy="skip", callbacks=(), plugins=()):
     """The tiny task under ``nonfinite=skip``, ``poison(task, loss) -> loss`` applied to every update's loss; returns
     the trainer, the task and the weights before and after each update."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -95,7 +95,7 @@ def skip_run(tmp_path, poison, limit=10, steps=12, policy="skip", callbacks=()):
 
     trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
-                        enable_checkpointing=bool(callbacks), callbacks=[Record(), *callbacks])
+                        enable_checkpointing=bool(callbacks), callbacks=[Record(), *callbacks], plugins=list(plugins))
     return trainer, task, datamodule, weights
 
 
@@ -131,6 +131,31 @@ def test_skip_stops_after_the_limit_in_a_row_with_finite_weights(tmp_path):
         trainer.fit(task, datamodule=datamodule)
     assert task.skipped_updates == 4
     assert all(torch.isfinite(p).all() for p in task.parameters())
+
+
+def fp16_with_loss_scaler(init_scale: float):
+    """16-mixed as on CUDA, on the CPU: fp16 autocast and a gradient scaler (Lightning gives the CPU none)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
+
+
+def test_loss_scaler_finding_its_scale_is_not_a_non_finite_skip(tmp_path):
+    """A scale far too high overflows every step until it has halved enough: many skips in a row with a finite
+    loss, which must not stop the run (4 in a row would) nor count as non-finite updates."""
+    trainer, task, datamodule, weights = skip_run(tmp_path, lambda task, loss: loss, limit=4,
+                                                  plugins=[fp16_with_loss_scaler(2.0**40)])
+    trainer.fit(task, datamodule=datamodule)
+    assert trainer.global_step == 12 and task.skipped_updates == 0
+    assert task.loss_scale_skips >= 5 and trainer.callback_metrics["train/loss_scale_skips"] == task.loss_scale_skips
+    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1]))  # the first step overflowed: no change
+
+
+def test_under_the_loss_scaler_a_non_finite_loss_still_counts(tmp_path):
+    trainer, task, datamodule, weights = skip_run(tmp_path, nan_loss_at(5), plugins=[fp16_with_loss_scaler(2.0**8)])
+    trainer.fit(task, datamodule=datamodule)
+    assert task.skipped_updates == 1 and task.loss_scale_skips == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights[5], weights[6]))
 
 
 def test_unknown_policy_is_a_user_error(tmp_path):
