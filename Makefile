@@ -3,9 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Pinned first so pip keeps the matching wheel: the CPU wheel on a machine that has it on disk,
-# the CUDA build from PyPI on a GPU box. Override with `make install TORCH_VERSION=...`.
+# torch is pinned and installed first, so that pip keeps that build: the CUDA build where `nvidia-smi -L` lists a GPU,
+# the CPU build (torch==X+cpu) elsewhere, from pip's own sources when they hold it (a local wheel folder), else from
+# PyTorch's CPU index rather than PyPI's multi-GB CUDA build. Force one with `make install TORCH_BUILD=cuda` or
+# `TORCH_BUILD=cpu`; another version with TORCH_VERSION=..., another CUDA build with TORCH_INDEX_cuda=<index URL>.
 TORCH_VERSION ?= 2.13.0
+TORCH_BUILD ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo cuda || echo cpu)
+TORCH_INDEX_cuda ?= https://download.pytorch.org/whl/cu130
+TORCH_INDEX_cpu ?= https://download.pytorch.org/whl/cpu
+TORCH_REQUIREMENT_cuda = torch==$(TORCH_VERSION)
+TORCH_REQUIREMENT_cpu = torch==$(TORCH_VERSION)+cpu
+TORCH_FROM_INDEX = $(PIP) install --quiet "$(TORCH_REQUIREMENT_$(TORCH_BUILD))" \
+	--index-url $(TORCH_INDEX_$(TORCH_BUILD)) --extra-index-url https://pypi.org/simple
 PYTEST_ARGS ?=
 # pytest-xdist workers: much of the suite is single-threaded (the Triton interpreter, subprocess start-up, C++
 # compiles), so two workers pay off on 2 cores (benchmarks/README.md); each runs torch on one thread (tests/conftest.py).
@@ -19,7 +28,14 @@ export TRITON_DEFAULT_FP_FUSION ?= 1
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "torch==$(TORCH_VERSION)"
+	@echo "torch $(TORCH_VERSION), $(TORCH_BUILD) build (TORCH_BUILD=cpu|cuda to choose)"
+ifeq ($(TORCH_BUILD),cuda)
+	$(TORCH_FROM_INDEX)
+else ifeq ($(TORCH_BUILD),cpu)
+	$(PIP) install --quiet "$(TORCH_REQUIREMENT_cpu)" 2>/dev/null || $(TORCH_FROM_INDEX)
+else
+	$(error TORCH_BUILD must be cpu or cuda, got '$(TORCH_BUILD)')
+endif
 	$(PIP) install --quiet -e ".[dev]"
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
