@@ -9,6 +9,7 @@ defined (tests set it first). Callers name a kernel by one of the constants belo
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,13 +87,24 @@ def use_triton(backend: str, x: Tensor) -> bool:
     return True
 
 
-def triton_function(backend: str, x: Tensor, kernel: Kernel) -> Callable | None:
+# (kernel, dtype) pairs whose first launch built and ran, and those whose build failed (with the error): under
+# ``auto`` a failed one runs the PyTorch path for the rest of the process
+_LAUNCHED: set[tuple[str, torch.dtype]] = set()
+_UNAVAILABLE: dict[tuple[str, torch.dtype], str] = {}
+
+
+def triton_function(backend: str, x: Tensor, kernel: Kernel, fallback: Callable | None = None) -> Callable | None:
     """``kernel``'s op when this call should use Triton, else None (the caller's PyTorch path). Without Triton
-    installed, ``auto`` falls back to the PyTorch path (which also runs on CUDA) and ``triton`` is an error."""
+    installed, ``auto`` falls back to the PyTorch path (which also runs on CUDA) and ``triton`` is an error. Under
+    ``auto`` with a ``fallback`` (the PyTorch path, same arguments), a kernel whose first launch for x's dtype fails in
+    Triton (a compile error, too little shared memory on this GPU) warns once and runs ``fallback`` from then on."""
     if not use_triton(backend, x):
         return None
+    key = (kernel.name, x.dtype)
+    if backend == "auto" and key in _UNAVAILABLE:
+        return None
     try:
-        return kernel.load()
+        op = kernel.load()
     except ModuleNotFoundError as err:
         if err.name != "triton" and not (err.name or "").startswith("triton."):
             raise
@@ -100,3 +112,21 @@ def triton_function(backend: str, x: Tensor, kernel: Kernel) -> Callable | None:
             raise SeqmixError(f"kernel_backend=triton: Triton is not installed, so the {kernel.name} kernel cannot "
                               "run; install triton or use kernel_backend=auto") from None
         return None
+    if backend != "auto" or fallback is None or key in _LAUNCHED or torch.compiler.is_compiling():
+        return op
+
+    def first_launch(*args):
+        try:
+            out = op(*args)
+        except Exception as err:
+            if type(err).__module__.split(".")[0] != "triton":
+                raise
+            _UNAVAILABLE[key] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            warnings.warn(f"seqmix: the {kernel.name} Triton kernel failed to build for {str(x.dtype)[6:]} on this GPU "
+                          f"({_UNAVAILABLE[key]}); running its PyTorch path instead (kernel_backend=torch to choose "
+                          "it, kernel_backend=triton to make this an error)", stacklevel=2)
+            return fallback(*args)
+        _LAUNCHED.add(key)
+        return out
+
+    return first_launch

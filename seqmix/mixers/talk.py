@@ -124,7 +124,7 @@ class TaLK(ProjectedConvMixer):
     def core(self, x: Tensor) -> Tensor:
         left, right = self.offsets(x)
         x = self.unnormalized(x)
-        kernel = triton_function(self.kernel_backend, x, TALK)
+        kernel = triton_function(self.kernel_backend, x, TALK, fallback=talk_window_sum)
         fn = talk_window_sum if kernel is None else kernel
         return fn(x, left, right, self.l_max, self.r_max, self.max_offset())
 

@@ -86,12 +86,15 @@ def projected_label_smoothed_loss(features: Tensor, weight: Tensor, target: Tens
     features = features.reshape(-1, features.size(-1))
     target = target.reshape(-1)
     keep = target.ne(ignore_index)
-    kernel = triton_function(kernel_backend, features, FUSED_LABEL_SMOOTHED_LOSS)
+
+    def chunked(features, weight, target, epsilon, ignore_index):
+        rows = keep.nonzero().squeeze(1)
+        return _ProjectedLabelSmoothedLoss.apply(features.index_select(0, rows), weight,
+                                                 target.index_select(0, rows), epsilon, chunk_rows)
+
+    kernel = triton_function(kernel_backend, features, FUSED_LABEL_SMOOTHED_LOSS, fallback=chunked)
     if kernel is not None:
         loss, nll = kernel(features, weight, target, epsilon, ignore_index)
         return loss, nll, int(keep.sum()) if ntokens is None else ntokens
-    rows = keep.nonzero().squeeze(1)
-    ntokens = rows.numel()
-    loss, nll = _ProjectedLabelSmoothedLoss.apply(features.index_select(0, rows), weight,
-                                                  target.index_select(0, rows), epsilon, chunk_rows)
-    return loss, nll, ntokens
+    loss, nll = chunked(features, weight, target, epsilon, ignore_index)
+    return loss, nll, int(keep.sum())

@@ -385,6 +385,47 @@ def test_without_triton_auto_falls_back_and_triton_is_a_clear_error(monkeypatch)
     assert backend.triton_function("auto", x, kernel) is None
 
 
+def test_auto_falls_back_once_to_the_pytorch_path_when_a_kernel_fails_to_build(monkeypatch):
+    """A Triton error at a kernel's first launch for a dtype (here: too little shared memory) warns once, and that
+    call and every later one run the PyTorch path; explicit ``triton`` keeps the error; other errors are not hidden."""
+    from triton.runtime.errors import OutOfResources
+
+    from seqmix import kernel_backend as backend
+    from seqmix.layers.banded import banded_conv
+
+    monkeypatch.setattr(backend, "_LAUNCHED", set())
+    monkeypatch.setattr(backend, "_UNAVAILABLE", {})
+    monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
+    launches = []
+
+    def failing(x, w, padding_l):
+        launches.append(x.dtype)
+        raise OutOfResources(232448, 166912, "shared memory")
+
+    kernel = backend.Kernel("lightconv_test", lambda: failing)
+    x, w = torch.randn(2, 5, C), torch.softmax(torch.randn(2, 3), -1)
+    with pytest.warns(UserWarning, match="lightconv_test Triton kernel failed to build for float32.*PyTorch path"):
+        y = backend.triton_function("auto", x, kernel, fallback=banded_conv)(x, w, 2)
+    torch.testing.assert_close(y, banded_conv(x, w, 2))
+    assert backend.triton_function("auto", x, kernel, fallback=banded_conv) is None  # the caller's PyTorch path
+    assert launches == [torch.float32]
+    with pytest.raises(OutOfResources):
+        backend.triton_function("triton", x, kernel, fallback=banded_conv)(x, w, 2)
+    assert backend.triton_function("auto", x.double(), kernel, fallback=banded_conv) is not None  # per dtype
+
+    def broken(x, w, padding_l):
+        raise ValueError("not a build failure")
+
+    with pytest.raises(ValueError, match="not a build failure"):
+        backend.triton_function("auto", x, backend.Kernel("other", lambda: broken), fallback=banded_conv)(x, w, 2)
+    def identity(x, w, padding_l):
+        return x
+
+    ok = backend.Kernel("fine", lambda: identity)
+    assert backend.triton_function("auto", x, ok, fallback=banded_conv)(x, w, 2) is x
+    assert backend.triton_function("auto", x, ok, fallback=banded_conv) is identity  # launched once: no wrapper
+
+
 def test_each_conv_mixer_names_its_kernel_by_import():
     from seqmix import kernel_backend as backend
     from triton_kernels.dynamicconv import dynamicconv
