@@ -113,7 +113,7 @@ def copy_gb_s(device: torch.device, nbytes: int = 2**30) -> float:
 DDP_FIELDS = "run seconds exit_code checkpoint status"
 
 
-def ddp_section(ctx: Context, steps: int = 60) -> list[dict]:
+def ddp_section(ctx: Context, steps: int = 30) -> list[dict]:
     """``train.py trainer=ddp trainer.devices=1`` (NCCL, world size 1) on the Transformer recipe, validated once."""
     log_dir = ctx.scratch / "ddp"
     args = [sys.executable, "train.py", "experiment=multi30k_transformer_cpu", "trainer=ddp", "trainer.devices=1",
@@ -242,7 +242,7 @@ SECTIONS = (
     Section("training", "Multi30k recipes, 100 updates (median of the last 90)", training_section, 170,
             ("model", "variant", "parameters", "tgt_tokens_per_update", "first_update_s", "ms_per_update",
              "tokens_per_s", "tflops_per_s", "mfu", "peak_mem_mb", "first_loss", "final_loss", "status")),
-    Section("ddp", "train.py trainer=ddp, one process over NCCL", ddp_section, 60,
+    Section("ddp", "train.py trainer=ddp, one process over NCCL", ddp_section, 90,
             ("run", "seconds", "exit_code", "status")),
     Section("decoding", "Beam-5 decoding of the DDP run's checkpoint on Multi30k val, eager and compiled",
             decoding_section, 60, ("model", "beam", "compiled", "sentences", "sentences_per_s", "tokens_per_s",
