@@ -29,7 +29,7 @@ def test_fdr_runs_one_batch_and_saves_nothing(tmp_path):
 
 
 def test_overfit_drives_the_loss_on_three_batches_down(tmp_path):
-    folder, record = debug_run(tmp_path, "overfit")
+    folder, record = debug_run(tmp_path, "overfit", "trainer.check_val_every_n_epoch=10")  # 5 validations, not 50
     assert record["updates"] == 3 * 50
     (metrics,) = folder.rglob("metrics.csv")
     losses = [float(r["train/loss_epoch"]) for r in csv.DictReader(metrics.open()) if r.get("train/loss_epoch")]
