@@ -86,9 +86,11 @@ def projected_label_smoothed_loss(features: Tensor, weight: Tensor, target: Tens
     features = features.reshape(-1, features.size(-1))
     target = target.reshape(-1)
     keep = target.ne(ignore_index)
+    scored = []  # the chunked path's row count (its nonzero() has read it back already)
 
     def chunked(features, weight, target, epsilon, ignore_index):
         rows = keep.nonzero().squeeze(1)
+        scored.append(rows.numel())
         return _ProjectedLabelSmoothedLoss.apply(features.index_select(0, rows), weight,
                                                  target.index_select(0, rows), epsilon, chunk_rows)
 
@@ -97,4 +99,4 @@ def projected_label_smoothed_loss(features: Tensor, weight: Tensor, target: Tens
         loss, nll = kernel(features, weight, target, epsilon, ignore_index)
         return loss, nll, int(keep.sum()) if ntokens is None else ntokens
     loss, nll = chunked(features, weight, target, epsilon, ignore_index)
-    return loss, nll, int(keep.sum())
+    return loss, nll, scored[-1]
