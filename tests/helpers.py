@@ -27,15 +27,29 @@ TINY = [
 ]
 
 
+# variables torch, Lightning or Triton read when imported: a run that changes one gets a fresh interpreter
+IMPORT_TIME_VARIABLES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "OMP_NUM_THREADS",
+                         "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED")
+
+
 def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None,
         preexec_fn=None) -> subprocess.CompletedProcess:
+    """``python <script> <args>`` in ``log_dir``: forked from the test process's fork server (tests/forkserver.py)
+    unless ``preexec_fn``, an import-time variable or DDP asks for a fresh interpreter (or SEQMIX_TEST_FORKSERVER=0)."""
+    from tests import forkserver
+
     log_dir.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "SEQMIX_LOG_DIR": str(log_dir), "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
                 "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # None in env: unset it
-    proc = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,
+    fresh = (preexec_fn is not None or os.environ.get("SEQMIX_TEST_FORKSERVER") == "0"
+             or any(full_env.get(k) != os.environ.get(k) for k in IMPORT_TIME_VARIABLES)
+             or any("ddp" in str(a) for a in args))  # rank 0 of a multi-process run hung in a fork
+
+    if not fresh:
+        return forkserver.server().run(ROOT / script, args, log_dir, full_env, timeout)
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,
                           capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
-    return proc
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
