@@ -47,10 +47,21 @@ def compose_train(overrides: list[str]):
         return compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """Lightning writes MASTER_ADDR, MASTER_PORT and the like into os.environ itself while it reads SLURM's
+    variables; monkeypatch cannot undo what it did not set, and a leaked MASTER_ADDR=gpu017 made a later test's
+    two-process DDP run wait for that host forever. The whole environment is put back after every test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def no_cluster(monkeypatch):
-    """No SLURM (or torchrun) variables, and whatever Lightning sets while it reads them is undone afterwards:
-    MASTER_ADDR/MASTER_PORT, the process-wide rank of rank_zero_only, OMP_NUM_THREADS."""
+    """No SLURM (or torchrun) variables, and whatever Lightning sets while it reads them is undone afterwards
+    (``environment_restored``): MASTER_ADDR/MASTER_PORT, the process-wide rank of rank_zero_only, OMP_NUM_THREADS."""
     for key in list(os.environ):
         if key.startswith(("SLURM_", "SLURMD_")):
             monkeypatch.delenv(key)
