@@ -52,6 +52,25 @@ def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: di
                           capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
+def run_config(overrides: list[str], keep_hydra: bool = False):
+    """train.yaml composed as train.py composes it, with Hydra's node made current so that ``${hydra:...}`` resolves
+    outside a run; then without that node (what a checkpoint stores) unless ``keep_hydra``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from seqmix.config.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    if not keep_hydra:
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg
+
+
 def describe(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
 

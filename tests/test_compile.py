@@ -14,11 +14,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import open_dict
 from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader
 
@@ -27,6 +24,7 @@ from seqmix.config.resolvers import register_resolvers
 from seqmix.errors import SeqmixError
 from seqmix.models.compiled import check_setting, enabled
 from seqmix.training.checkpoints import load_weights
+from tests.helpers import run_config
 
 register_resolvers()
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -43,13 +41,7 @@ CONVS = [*[f"+mixer@model.{side}.legend.{key}={name}" for side in SIDES for key,
 
 
 def tiny_config(tmp_path: Path, extra=()):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*TINY, *extra, f"task.data.cache_dir={tmp_path / 'cache'}"],
-                      return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the run config resolves outside a run
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+    return run_config([*TINY, *extra, f"task.data.cache_dir={tmp_path / 'cache'}"])
 
 
 def tasks(cfg) -> tuple:

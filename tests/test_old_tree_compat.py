@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 
 from seqmix.config.build import model_from_config
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.resolvers import register_resolvers
 from seqmix.config.schema import check_train_config
+from tests.helpers import run_config
 
 
 def build_for_dry_run(cfg) -> torch.nn.Module:
@@ -41,10 +40,7 @@ CKPT_PARAMETERS = 42688  # what the old tree's train.py and generate.py reported
 
 def compose_train(overrides: list[str]):
     """train.yaml composed as train.py composes it, with the hydra node made current (settle_mixer_choice reads it)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    return cfg
+    return run_config(overrides, keep_hydra=True)
 
 
 def distinct_parameters(model: torch.nn.Module) -> int:

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from seqmix.config.build import model_from_config
 from seqmix.config.resolvers import register_resolvers
 from seqmix.models import count_parameters
+from tests.helpers import run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -210,10 +209,7 @@ def paper_presets() -> list[str]:
 
 
 def compose_train(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", [*overrides, "logger=none"], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    return cfg
+    return run_config([*overrides, "logger=none"], keep_hydra=True)
 
 
 @pytest.fixture(scope="module")

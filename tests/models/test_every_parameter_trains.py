@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import open_dict
 
 from seqmix.config.build import build_task
-from seqmix.config.resolvers import register_resolvers
+from tests.helpers import run_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 DATA = ["task=toy_reverse", "task.data.max_tokens=256", "task.data.source.num_train=50",
@@ -27,14 +24,8 @@ MODELS = [path.stem for path in sorted((CONF / "model").glob("*.yaml")) if not p
 
 @pytest.mark.parametrize("model", MODELS)
 def test_one_loss_reaches_every_parameter(model, tmp_path):
-    register_resolvers()
     size = [] if model.startswith("convs2s") else SIZE  # ConvS2S sizes its blocks in its own list
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", [f"model={model}", *DATA, *size, f"task.data.cache_dir={tmp_path}"],
-                      return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg = run_config([f"model={model}", *DATA, *size, f"task.data.cache_dir={tmp_path}"])
     data = instantiate(cfg.task.data, _convert_="all")
     data.setup("fit")
     torch.manual_seed(0)

@@ -11,14 +11,13 @@ import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import open_dict
 
 from seqmix.config.build import build_task
 from seqmix.config.resolvers import register_resolvers
 from seqmix.errors import SeqmixError
+from tests.helpers import run_config
 
 register_resolvers()
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -28,12 +27,7 @@ TINY = ["task.data.source.num_train=200", "task.data.source.num_valid=20", "task
 
 
 def tiny_run(tmp_path, interval, nan_at):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*TINY, f"task.data.cache_dir={tmp_path / 'cache'}"],
-                      return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the run config resolves outside a run
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg = run_config([*TINY, f"task.data.cache_dir={tmp_path / 'cache'}"])
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
     task = build_task(cfg, datamodule.tokenizer)
@@ -70,13 +64,8 @@ def test_a_deferred_check_still_stops_before_the_next_checkpoint(tmp_path):
 def skip_run(tmp_path, poison, limit=10, steps=12, policy="skip", callbacks=(), plugins=()):
     """The tiny task under ``nonfinite=skip``, ``poison(task, loss) -> loss`` applied to every update's loss; returns
     the trainer, the task and the weights before and after each update."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[*TINY, f"task.data.cache_dir={tmp_path / 'cache'}",
-                                                      f"nonfinite={policy}", f"nonfinite_skip_limit={limit}"],
-                      return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg = run_config([*TINY, f"task.data.cache_dir={tmp_path / 'cache'}", f"nonfinite={policy}",
+                      f"nonfinite_skip_limit={limit}"])
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
     task = build_task(cfg, datamodule.tokenizer)
