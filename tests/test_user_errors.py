@@ -1,6 +1,7 @@
 """Bad input, everywhere: each mistake a user can make with train.py, generate.py or preprocess.py ends with one
 `seqmix: error:` line that says what to do, exit status 2, no traceback, and nothing left behind that looks like a
-valid run, checkpoint or token store. Every case runs the real entry point in a subprocess."""
+valid run, checkpoint or token store. Every case runs the real entry point in a process of its own (forked from
+the test worker's fork server, tests/forkserver.py, or a fresh interpreter where the case needs one)."""
 
 from __future__ import annotations
 
