@@ -53,9 +53,18 @@ def train_config(overrides: list[str]):
     ("optim.betas=[0.9]", "optim.betas=[0.9]: must be a list of 2 items"),
     ("model.positions=rotary", "model.positions='rotary': must be one of ['sinusoidal', 'learned']"),
     ("dry_run=maybe", "dry_run='maybe': must be true or false"),
+    ("trainer.precision=fp16", "trainer.precision='fp16': must be one of ['32-true', 'bf16-mixed', '16-mixed'"),
+    ("trainer.accelerator=gpus", "trainer.accelerator='gpus': must be one of ['auto', 'cpu', 'gpu'"),
+    ("trainer.devices=0", "trainer.devices=0: must be a whole number >= 1 or one of ['auto', -1] or a list"),
+    ("trainer.devices=[]", "trainer.devices=[]: must be a whole number >= 1 or one of ['auto', -1] or a list of non-empty"),
+    ("model.decoder.mixer.attention_dropout=0.1", None),  # allowed: a control case for the mixer keys below
+    ("+model.encoder.mixer.glu=maybe", "model.encoder.mixer.glu='maybe': must be true or false"),
 ])
 def test_a_wrong_train_value_is_refused_naming_key_value_and_what_is_allowed(override, message):
     cfg = train_config(["experiment=multi30k_transformer_cpu", override])
+    if message is None:
+        check_train_config(cfg)
+        return
     with pytest.raises(SeqmixError) as info:
         check_train_config(cfg)
     assert str(info.value).startswith(message), str(info.value)

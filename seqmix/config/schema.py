@@ -121,6 +121,8 @@ MODEL = {
     "model.*.ffn_dim": COUNT, "model.max_*_positions": COUNT, "model.positions": Choice(("sinusoidal", "learned")),
     "model.decoder_start": Choice(("bos", "eos")), "*kernel_backend": Choice(("auto", "triton", "torch")),
     "model.*.mixer.kernel_size": AnyOf((COUNT, ListOf(COUNT))), "model.*.normalize_before": FLAG,
+    "model.*.mixer.glu": FLAG, "model.*.mixer.weight_softmax": FLAG, "model.*.mixer.bias": FLAG,
+    "model.*.mixer.output_normalization": FLAG,
     "model.share_*": FLAG, "model.scale_embedding": FLAG,
 }
 GENERATION = {
@@ -154,6 +156,11 @@ TRAIN = {
     "trainer.val_check_interval": maybe(AnyOf((COUNT, Number(0, 1, open_low=True)))),
     "trainer.limit_*_batches": maybe(AnyOf((COUNT0, Number(0, 1)))), "trainer.log_every_n_steps": COUNT,
     "trainer.num_sanity_val_steps": Number(-1, whole=True), "trainer.deterministic": AnyOf((FLAG, Choice(("warn",)))),
+    # Lightning's precisions (its older spellings too) and accelerators; devices as Lightning counts them
+    "trainer.precision": Choice(("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
+                                 "transformer-engine", "transformer-engine-float16", 64, 32, 16, "64", "32", "16", "bf16")),
+    "trainer.accelerator": Choice(("auto", "cpu", "gpu", "cuda", "mps", "tpu")),
+    "trainer.devices": AnyOf((COUNT, Choice(("auto", -1)), ListOf(COUNT0, min_length=1))),
     **MODEL, **TASK,
 }
 GENERATE = {
