@@ -180,6 +180,9 @@ CASES = [
     Case("references misaligned with the input", "generate.py",
          lambda m: ["ckpt_path=CKPT", f"input={m / 'long_input.txt'}", f"reference={m / 'one_reference.txt'}"],
          ("has 2 lines", "has 1")),
+    # found by tests/test_fuzz_commands.py: a binary input file was an internal error
+    Case("input file that is not UTF-8", "generate.py",
+         lambda m: ["ckpt_path=CKPT", f"input={m / 'not_utf8' / 'train.de'}"], ("not UTF-8 text", "line 2")),
     Case("hypotheses file under a file", "generate.py",
          lambda m: ["ckpt_path=CKPT", f"output={m / 'a_file'}/hyp.txt"], ("a_file",)),
     Case("decoding device this machine lacks", "generate.py", lambda m: ["ckpt_path=CKPT", "device=cuda"],

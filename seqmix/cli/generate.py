@@ -32,8 +32,18 @@ def _read_lines(path: str) -> list[str]:
     if not p.is_file():
         raise SeqmixError(f"input file {p} does not exist")
     opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+    lines: list[str] = []
+    try:
+        with opener(p, "rb") as f:
+            for raw in f:  # line by line, so that a decoding error names its line
+                lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+    except UnicodeDecodeError as err:
+        raise SeqmixError(f"input file {p} is not UTF-8 text (line {len(lines) + 1}: {err.reason}); "
+                          "convert it (iconv -t UTF-8) or point input= at the text to translate") from None
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise SeqmixError(f"input file {p} is not a valid gzip file ({err}); "
+                          "decompress it or give the plain text") from None
+    return lines
 
 
 def read_inputs(cfg: DictConfig, train_cfg: DictConfig) -> tuple[list[str], list[list[str]] | None]:
