@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from seqmix.report import report
@@ -92,6 +93,17 @@ def test_a_folder_without_jobs_is_one_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(tmp_path)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("seqmix: error:") and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_wrong_option_is_one_seqmix_error_line_not_argparse_usage(tmp_path, capsys):
+    """Found by tests/test_fuzz_commands.py: argparse's usage block and its own error line, not one seqmix line."""
+    from seqmix.report import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), "--metric", "x"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("seqmix: error: argument --metric: invalid choice: 'x'") and "seqmix.report -h" in err
 
 
 def test_a_damaged_overrides_file_is_named_in_one_line(tmp_path):

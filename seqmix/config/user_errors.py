@@ -10,6 +10,7 @@ interop commands) under the same rules; the Hydra commands use ``seqmix.cli.runn
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import errno
 import os
@@ -159,6 +160,15 @@ def internal_error_line(err: BaseException, where: Path) -> str:
 def report_internal_error(err: BaseException, log_dir: str | os.PathLike | None = None) -> NoReturn:
     print(internal_error_line(err, write_traceback(err, log_dir)), file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A side command's argument parser whose mistakes end like every other user error: one ``seqmix: error:`` line
+    (with where to find the usage) and exit status 2, instead of argparse's usage block and its own error line."""
+
+    def error(self, message: str):
+        print(f"seqmix: error: {message} (`{self.prog} -h` shows the usage)", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def command_status(action: Callable[[], object]) -> int:

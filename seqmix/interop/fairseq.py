@@ -14,7 +14,6 @@ export: a seqmix checkpoint of a transformer, lightconv/dynamicconv or ConvS2S m
 
 from __future__ import annotations
 
-import argparse
 import io
 import logging
 import pickle
@@ -27,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.config.paths import conf_dir
-from seqmix.config.user_errors import command_status
+from seqmix.config.user_errors import CommandParser, command_status
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
@@ -363,7 +362,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
 
 # --- command line ---------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqmix.interop.fairseq", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m seqmix.interop.fairseq", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     imp = commands.add_parser("import", help="fairseq checkpoint.pt -> seqmix checkpoint")
     imp.add_argument("checkpoint")

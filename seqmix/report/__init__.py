@@ -9,7 +9,6 @@ parameters, or against wall time when every job has the same size) into the mult
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import math
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from seqmix.config.user_errors import command_status
+from seqmix.config.user_errors import CommandParser, command_status
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write, atomic_write_text
 from seqmix.training.run_record import read_record
@@ -205,7 +204,7 @@ def report(sweep_dir: str | Path, metric: str = "score", out: str | Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqmix.report", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m seqmix.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a multirun folder (outputs/multiruns/<date_time>)")
     parser.add_argument("--metric", default="score", choices=["score", "best_valid"],
                         help="score: the final evaluation (run_test); best_valid: the best validation score")
