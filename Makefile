@@ -50,10 +50,13 @@ lint:
 	$(PY) -m ruff check seqmix triton_kernels tests benchmarks train.py generate.py preprocess.py
 	$(VENV)/bin/lint-imports
 
-# the config fuzz test (tests/test_fuzz_configs.py) with more examples than make test's 30
+# the fuzz tests (configs: tests/test_fuzz_configs.py; commands and files: tests/test_fuzz_commands.py) with more
+# examples than make test's 30 and 12
 FUZZ_EXAMPLES ?= 1000
+COMMAND_FUZZ_EXAMPLES ?= 500
 fuzz:
-	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --hypothesis-show-statistics tests/test_fuzz_configs.py
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COMMAND_FUZZ_EXAMPLES=$(COMMAND_FUZZ_EXAMPLES) $(PY) -m pytest -q \
+		--hypothesis-show-statistics tests/test_fuzz_configs.py tests/test_fuzz_commands.py
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

@@ -33,11 +33,15 @@ def child(req):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
-    sys.argv = [req["script"], *req["args"]]
-    sys.path[0] = os.path.dirname(req["script"])
+    module = req.get("module")
+    sys.argv = [module or req["script"], *req["args"]]
+    sys.path[0] = req["cwd"] if module else os.path.dirname(req["script"])
     code = 0
     try:
-        runpy.run_path(req["script"], run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(req["script"], run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
@@ -89,11 +93,13 @@ class ForkServer:
             raise RuntimeError(f"the fork server died (exit {self.proc.poll()})")
         return json.loads(line)
 
-    def run(self, script: Path, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, script: Path | str, args: list[str], cwd: Path, env: dict, timeout: float,
+            module: bool = False) -> subprocess.CompletedProcess:
+        """``python script args``, or ``python -m script args`` with ``module``."""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"script": str(script), "args": [str(a) for a in args], "cwd": str(cwd), "env": env,
-                       "stdout": str(out), "stderr": str(err)}
+                       "stdout": str(out), "stderr": str(err), **({"module": str(script)} if module else {})}
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             pid = self._reply(60)["pid"]
