@@ -83,6 +83,22 @@ def report(result: dict) -> None:
     print(RESULT + json.dumps(result), flush=True)  # the child's side of child_result
 
 
+def error_status(err: BaseException, limit: int = 300) -> str:
+    """A row's status for a step that raised: its type and message on one line."""
+    return f"ERROR: {type(err).__name__}: {' '.join(str(err).split())[:limit]}"
+
+
+def compose_train(overrides) -> object:
+    """train.yaml composed with ``overrides`` as a benchmark runs it (no logger, output folder pinned)."""
+    from hydra import compose, initialize_config_dir
+
+    from seqmix.config.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("train", ["logger=none", f"paths.output_dir={REPO_ROOT / 'outputs' / 'bench'}", *overrides])
+
+
 def new_row(columns: str, **values) -> dict:
     """A result row: every one of ``columns`` (space-separated, in CSV order), None unless given."""
     return dict.fromkeys(columns.split()) | values

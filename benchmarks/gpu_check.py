@@ -74,7 +74,10 @@ def environment_section(ctx: Context) -> list[dict]:
             "capability": f"sm_{props.major}{props.minor}", "memory_gib": props.total_memory / 2**30,
             "lightning": __import__("lightning").__version__}
     env["spec_tflops_bf16"], env["spec_gb_s"] = card_spec(env["device_name"])
-    env["matmul_tflops_bf16"], env["copy_gb_s"] = matmul_tflops(ctx.device), copy_gb_s(ctx.device)
+    from benchmarks.training import matmul_gflops
+
+    env["matmul_tflops_bf16"] = matmul_gflops(ctx.device, 8192, torch.bfloat16) / 1e3
+    env["copy_gb_s"] = copy_gb_s(ctx.device)
     torch.cuda.empty_cache()
     ctx.environment.update(env)
     ctx.log("  " + ", ".join(f"{k}={v}" for k, v in env.items()))
@@ -91,14 +94,6 @@ def kernel_speed_section(ctx: Context) -> list[dict]:
     from benchmarks import kernels
 
     return kernels.speed(ctx.device, ctx.environment.get("spec_gb_s"), keep_going=ctx.keep_going, log=ctx.log)
-
-
-def matmul_tflops(device: torch.device, n: int = 8192) -> float:
-    """bf16 (n x n) @ (n x n) on random data: the roof the training rows are also compared with."""
-    from triton.testing import do_bench
-
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    return 2 * n**3 / (do_bench(lambda: a @ b) / 1e3) / 1e12
 
 
 def copy_gb_s(device: torch.device, nbytes: int = 2**30) -> float:
@@ -163,7 +158,7 @@ def wmt_section(ctx: Context) -> list[dict]:
         try:
             rows.append(wmt_scale.measure(overrides, ctx.device))
         except Exception as err:
-            rows.append(common.new_row(wmt_scale.FIELDS, preset=" ".join(overrides), status=error_status(err)))
+            rows.append(common.new_row(wmt_scale.FIELDS, preset=" ".join(overrides), status=common.error_status(err)))
         torch.cuda.empty_cache()
         ctx.log(f"  {rows[-1]['preset']}: {common.cell(rows[-1]['tokens_per_s'], '.0f')} tok/s, "
                 f"{common.cell(rows[-1]['peak_mem_mb'], '.0f')} MB  {rows[-1]['status']}")
@@ -209,10 +204,6 @@ def add_mfu(rows: list[dict], ctx: Context) -> list[dict]:
         row["mfu"] = achieved / spec if achieved and spec else None
         row["of_matmul"] = achieved / measured if achieved and measured else None
     return rows
-
-
-def error_status(err: BaseException) -> str:
-    return f"ERROR: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 @dataclass(frozen=True)
@@ -265,7 +256,7 @@ def run_sections(ctx: Context, sections: tuple[Section, ...], budget: float,
         try:
             rows = section.run(ctx) if share > 0 or section.name == "environment" else [{"status": "skipped: time budget"}]
         except Exception as err:
-            rows = [{"status": error_status(err), "traceback": traceback.format_exc()[-2000:]}]
+            rows = [{"status": common.error_status(err), "traceback": traceback.format_exc()[-2000:]}]
         results[section.name] = {"title": section.title, "seconds": time.perf_counter() - now, "rows": rows}
         after_each(results)
     return results

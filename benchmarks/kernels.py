@@ -209,7 +209,7 @@ def correctness(device: torch.device, dtypes=tuple(DTYPES), tiny: bool = False, 
                 rows.append(check_case(case, dtype_name, device))
             except Exception as err:
                 rows.append(common.new_row(ERROR_FIELDS, kernel=case.kernel, case=case.name, dtype=dtype_name,
-                                           status=f"ERROR: {type(err).__name__}: {' '.join(str(err).split())[:240]}"))
+                                           status=common.error_status(err)))
             r = rows[-1]
             log(f"  {r['kernel']:<13} {r['case']:<40} {dtype_name}: triton rms {common.cell(r['triton_rms'], '.1e')} "
                 f"max {common.cell(r['triton_max'], '.1e')} | torch rms {common.cell(r['torch_rms'], '.1e')}  {r['status']}")
@@ -259,7 +259,7 @@ def speed(device: torch.device, bandwidth_gb_s: float | None, lengths=(512, 2048
                 row["speedup_fwd_bwd"] = row["torch_fwd_bwd_ms"] / row["triton_fwd_bwd_ms"]
                 row["status"] = "ok"
             except Exception as err:
-                row["status"] = f"ERROR: {type(err).__name__}: {' '.join(str(err).split())[:240]}"
+                row["status"] = common.error_status(err)
             rows.append(row)
             log(f"  {name:<12} T={T:<5} triton {common.cell(row['triton_fwd_bwd_ms'], '.2f')} ms, torch "
                 f"{common.cell(row['torch_fwd_bwd_ms'], '.2f')} ms (fwd+bwd), fwd {common.cell(row['fwd_gb_per_s'], '.0f')} "
@@ -281,5 +281,5 @@ def sdpa_row(x: torch.Tensor, H: int, T: int, B: int, dtype_name: str, device: t
         row["torch_fwd_bwd_ms"] = _ms(lambda: attend(q, q, q, is_causal=True).backward(dy), device)
         row["status"] = "ok"
     except Exception as err:
-        row["status"] = f"ERROR: {type(err).__name__}: {' '.join(str(err).split())[:240]}"
+        row["status"] = common.error_status(err)
     return row

@@ -50,16 +50,9 @@ def experiment_of(model: str) -> str:
 
 def compose_recipe(model: str, overrides=()):
     """The run config ``train.py experiment=...`` gets (no logger, output folder pinned)."""
-    from hydra import compose, initialize_config_dir
-
-    from seqmix.config.resolvers import register_resolvers
-
-    register_resolvers()
     if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment_of(model)}.yaml").is_file():
         raise ValueError(f"no recipe conf/experiment/{experiment_of(model)}.yaml for model {model!r}")
-    with initialize_config_dir(config_dir=str(common.REPO_ROOT / "conf"), version_base="1.3"):
-        return compose("train", [f"experiment={experiment_of(model)}", "logger=none",
-                                 f"paths.output_dir={common.REPO_ROOT / 'outputs' / 'bench'}", *overrides])
+    return common.compose_train([f"experiment={experiment_of(model)}", *overrides])
 
 
 class UpdateTimer(L.Callback):
@@ -162,9 +155,9 @@ def batch_flops_per_target_token(task, batch: dict) -> float:
     return counter.get_total_flops() / max(int(batch["ntokens"]), 1)
 
 
-def matmul_gflops(device: torch.device, n: int = 1024) -> float:
-    """This machine's fp32 (n x n) @ (n x n) rate in this run: the roof an update's arithmetic is compared with."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+def matmul_gflops(device: torch.device, n: int = 1024, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's (n x n) @ (n x n) rate in this run: the roof an update's arithmetic is compared with."""
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     return 2 * n ** 3 / (statistics.median(common.time_ms(lambda: a @ b, 10, 3, device)) / 1e3) / 1e9
 
 

@@ -20,18 +20,6 @@ FIELDS = ("preset model parameters precision compile updates sentences_per_updat
 MEAN_LENGTH, MAX_LENGTH = 27, 250
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from seqmix.config.resolvers import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(common.REPO_ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("train", ["logger=none", f"paths.output_dir={common.REPO_ROOT / 'outputs' / 'bench'}",
-                                       *overrides])
-
-
 def synthetic_tokenizer(vocab_size: int):
     """A word-level tokenizer of exactly ``vocab_size`` ids (specials included)."""
     from seqmix.data.tokenizer import SPECIALS, train_word_tokenizer
@@ -45,8 +33,10 @@ def random_batches(tokenizer, max_tokens: int, count: int, device: torch.device,
     (drawn, sorted by length, cut into batches of at most ``max_tokens`` padded tokens a side, ``count`` of them taken
     at random); right-padded source; target ending in eos; ``prev_output_tokens`` the target shifted right behind
     bos."""
+    from seqmix.data.tokenizer import SPECIALS
+
     g = torch.Generator().manual_seed(seed)
-    low = 4  # the specials' ids
+    low = len(SPECIALS)  # ids below are the specials
     lengths = torch.empty(count * max_tokens // 8, 2).log_normal_(mean=math.log(MEAN_LENGTH) - 0.18, std=0.6,
                                                                   generator=g)
     pairs = sorted((int(min(max(a, 2), MAX_LENGTH)), int(min(max(b, 2), MAX_LENGTH))) for a, b in lengths.tolist())
@@ -83,7 +73,7 @@ def measure(overrides: list[str], device: torch.device, updates: int = 30, warmu
     from seqmix.config.build import build_task
     from seqmix.models import count_parameters
 
-    cfg = compose(overrides)
+    cfg = common.compose_train(overrides)
     precision = str(cfg.trainer.precision)
     tokenizer = synthetic_tokenizer(int(cfg.task.vocab_size))
     torch.manual_seed(0)

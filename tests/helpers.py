@@ -35,7 +35,7 @@ IMPORT_TIME_VARIABLES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "TRITON_DEF
 def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None,
         preexec_fn=None) -> subprocess.CompletedProcess:
     """``python <script> <args>`` in ``log_dir``: forked from the test process's fork server (tests/forkserver.py)
-    unless ``preexec_fn``, an import-time variable or DDP asks for a fresh interpreter (or SEQMIX_TEST_FORKSERVER=0)."""
+    unless ``preexec_fn`` or an import-time variable asks for a fresh interpreter (or SEQMIX_TEST_FORKSERVER=0)."""
     from tests import forkserver
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -43,9 +43,7 @@ def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: di
                 "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # None in env: unset it
     fresh = (preexec_fn is not None or os.environ.get("SEQMIX_TEST_FORKSERVER") == "0"
-             or any(full_env.get(k) != os.environ.get(k) for k in IMPORT_TIME_VARIABLES)
-             or any("ddp" in str(a) for a in args))  # rank 0 of a multi-process run hung in a fork
-
+             or any(full_env.get(k) != os.environ.get(k) for k in IMPORT_TIME_VARIABLES))
     if not fresh:
         return forkserver.server().run(ROOT / script, args, log_dir, full_env, timeout)
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,

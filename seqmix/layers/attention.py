@@ -5,6 +5,7 @@ Parameter names (q_proj, k_proj, v_proj, out_proj) follow fairseq so its checkpo
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -75,12 +76,10 @@ class MultiheadAttention(nn.Module):
         if attn_mask is not None:
             per_query = attn_mask.unsqueeze(1)  # (B, 1, T, S): the same context for every head
             mask = per_query if mask is None else (mask & per_query)
-        dropout = self.dropout if self.training else 0.0
-        if q.is_cuda:
-            with sdpa_kernel(CUDA_SDPA_BACKENDS):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        with sdpa_kernel(CUDA_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+            )
         b = out.size(0)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim))
 

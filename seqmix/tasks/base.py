@@ -178,9 +178,10 @@ class SeqmixTask(L.LightningModule, ABC):
 
         optimizer.step(closure=closure)
         loss_nonfinite, self._loss_nonfinite = self._loss_nonfinite, None
-        if scaler is not None and scaler.get_scale() < scale and not (loss_nonfinite is not None and bool(loss_nonfinite)):
+        scaler_skipped = scaler is not None and scaler.get_scale() < scale
+        if scaler_skipped and not (loss_nonfinite is not None and bool(loss_nonfinite)):
             self.loss_scale_skips += 1
-        elif dropped or (scaler is not None and scaler.get_scale() < scale):
+        elif dropped or scaler_skipped:
             self._count_skipped()
         else:
             self._skipped_in_a_row = 0
