@@ -34,8 +34,9 @@ IMPORT_TIME_VARIABLES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "TRITON_DEF
 
 def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: dict | None = None,
         preexec_fn=None) -> subprocess.CompletedProcess:
-    """``python <script> <args>`` in ``log_dir``: forked from the test process's fork server (tests/forkserver.py)
-    unless ``preexec_fn`` or an import-time variable asks for a fresh interpreter (or SEQMIX_TEST_FORKSERVER=0)."""
+    """``python <script> <args>`` in ``log_dir`` (``python -m <script>`` when ``script`` is a dotted module name, not a
+    .py file): forked from the test process's fork server (tests/forkserver.py) unless ``preexec_fn`` or an
+    import-time variable asks for a fresh interpreter (or SEQMIX_TEST_FORKSERVER=0)."""
     from tests import forkserver
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -44,9 +45,12 @@ def run(script: str, args: list[str], log_dir: Path, timeout: int = 600, env: di
     full_env = {k: v for k, v in full_env.items() if v is not None}  # None in env: unset it
     fresh = (preexec_fn is not None or os.environ.get("SEQMIX_TEST_FORKSERVER") == "0"
              or any(full_env.get(k) != os.environ.get(k) for k in IMPORT_TIME_VARIABLES))
+    module = not script.endswith(".py")
     if not fresh:
-        return forkserver.server().run(ROOT / script, args, log_dir, full_env, timeout)
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=log_dir, env=full_env,
+        return forkserver.server().run(script if module else ROOT / script, args, log_dir, full_env, timeout,
+                                       module=module)
+    command = ["-m", script] if module else [str(ROOT / script)]
+    return subprocess.run([sys.executable, *command, *args], cwd=log_dir, env=full_env,
                           capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 

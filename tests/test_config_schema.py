@@ -11,13 +11,17 @@ from hydra import compose, initialize_config_dir
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.schema import (
     COUNT,
+    GENERATE,
     PROBABILITY,
+    TRAIN,
     AnyOf,
     Choice,
     ListOf,
     Number,
+    Text,
     check_generate_config,
     check_train_config,
+    untyped_keys,
 )
 from seqmix.errors import SeqmixError
 from tests.test_configs import CONF, compose_train, resolve_outside_hydra
@@ -59,6 +63,22 @@ def train_config(overrides: list[str]):
     ("trainer.devices=[]", "trainer.devices=[]: must be a whole number >= 1 or one of ['auto', -1] or a list of non-empty"),
     ("model.decoder.mixer.attention_dropout=0.1", None),  # allowed: a control case for the mixer keys below
     ("+model.encoder.mixer.glu=maybe", "model.encoder.mixer.glu='maybe': must be true or false"),
+    ("task.bleu.tokenize=moses", "task.bleu.tokenize='moses': must be one of ['none', 'zh', '13a'"),
+    ("+task.data.tokenizer.kind=sentencepiece", "task.data.tokenizer.kind='sentencepiece': must be one of ['bpe', 'word']"),
+    ("task.data.tokenizer.vocab_size=0", "task.data.tokenizer.vocab_size=0: must be a whole number >= 1"),
+    ("task.data.source.src_lang=''", "task.data.source.src_lang='': must be a non-empty string"),
+    ("task.data.splits.train=null", "task.data.splits.train=None: must be a non-empty string"),
+    ("+task.monitor.mode=maximum", "task.monitor.mode='maximum': must be one of ['min', 'max']"),
+    ("callbacks.best_checkpoint.save_top_k=-2", "callbacks.best_checkpoint.save_top_k=-2: must be a whole number >= -1"),
+    ("callbacks.last_checkpoint.every_n_updates=1.5", "callbacks.last_checkpoint.every_n_updates=1.5: must be a whole"),
+    ("callbacks.dashboard.samples=-1", "callbacks.dashboard.samples=-1: must be a whole number >= 0"),
+    ("callbacks.lr_monitor.logging_interval=batch", "callbacks.lr_monitor.logging_interval='batch': must be one of"),
+    ("logger.wandb.offline=perhaps", "logger.wandb.offline='perhaps': must be true or false"),
+    ("logger.wandb.project=''", "logger.wandb.project='': must be a non-empty string"),
+    ("trainer.max_time=45min", "trainer.max_time='45min': must be a duration DD:HH:MM:SS or one of [None]"),
+    ("trainer.max_time=00:00:45:00", None),
+    ("+trainer.max_time={minutes:-5}", "trainer.max_time.minutes=-5: must be a finite number >= 0"),
+    ("model.encoder.activation=tanh", "model.encoder.activation='tanh': must be one of ['relu', 'swish', 'gelu']"),
 ])
 def test_a_wrong_train_value_is_refused_naming_key_value_and_what_is_allowed(override, message):
     cfg = train_config(["experiment=multi30k_transformer_cpu", override])
@@ -76,6 +96,8 @@ def test_a_wrong_train_value_is_refused_naming_key_value_and_what_is_allowed(ove
     ("max_tokens=-5", "max_tokens=-5: must be a whole number >= 1"),
     ("average_last=two", "average_last='two': must be a whole number >= 0"),
     ("algorithm=greedy", "algorithm='greedy': must be one of ['easy_first', 'mask_predict'] or one of [None]"),
+    ("+data.path=''", "data.path='': must be a non-empty string"),
+    ("input=''", "input='': must be a non-empty string or one of [None]"),
 ])
 def test_a_wrong_generate_value_is_refused(override, message):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -86,8 +108,45 @@ def test_a_wrong_generate_value_is_refused(override, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+def test_a_wrong_value_in_a_group_option_is_refused():
+    for overrides, message in [
+        (["scheduler=reduce_on_plateau", "scheduler.factor=1.0"], "scheduler.factor=1.0: must be a finite number > 0 and < 1"),
+        (["optim=nag", "optim.nesterov=1"], "optim.nesterov=1: must be true or false"),
+        (["task=wikitext2", "task.data.break_mode=line"], "task.data.break_mode='line': must be one of ['none', 'eos']"),
+        (["logger=csv", "logger.csv.name=''"], "logger.csv.name='': must be a non-empty string"),
+        (["experiment=multi30k_hybrid_cpu", "model.encoder.legend.L.kernel_size=[3,0]"],
+         "model.encoder.legend.L.kernel_size=[3, 0]: must be a whole number >= 1 or a list of items, each a whole"),
+    ]:
+        with pytest.raises(SeqmixError) as info:
+            check_train_config(train_config([*overrides, "paths.output_dir=/tmp/run"]))
+        assert str(info.value).startswith(message), str(info.value)
+
+
+GROUP_OPTIONS = [f"{group}={p.stem}" for group in ("logger", "debug", "scheduler", "optim", "trainer", "callbacks")
+                 for p in sorted((CONF / group).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("option", GROUP_OPTIONS)
+def test_every_key_of_every_group_option_is_typed_or_named_as_read_where_used(option):
+    """A new config key needs a schema rule (or an entry in READ_WHERE_USED saying who checks it): the options of the
+    groups that neither tests/test_configs.py (model x task) nor tests/test_old_tree_compat.py (experiments) vary."""
+    cfg = train_config([option, "paths.output_dir=/tmp/run"])
+    check_train_config(cfg)
+    assert untyped_keys(cfg, TRAIN) == []
+
+
+def test_every_key_of_the_generate_config_is_typed():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="generate", overrides=["ckpt_path=x.ckpt"], return_hydra_config=True)
+    resolve_outside_hydra(cfg)
+    check_generate_config(cfg)
+    assert untyped_keys(cfg, GENERATE) == []
+
+
 def test_the_rules_themselves():
     assert Number(0, 1, open_high=True).problem(1) and not PROBABILITY.problem(0.0) and PROBABILITY.problem(True)
     assert COUNT.problem(1.0) and not COUNT.problem(3) and COUNT.problem(math.nan)
     assert not Choice(("a",)).problem("a") and Choice((1,)).problem(True)  # True is not 1 here
     assert not AnyOf((COUNT, Choice((None,)))).problem(None) and ListOf(COUNT).problem([1, 0])
+    assert ListOf(COUNT, length=2).problem([1]) == "must be a list of 2 items, each a whole number >= 1"
+    assert Text(r"\d+", "digits").problem("12a") == "must be digits" and not Text(r"\d+", "digits").problem("12")

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from seqmix.config.build import build_model, model_from_config
 from seqmix.config.mixer_group import mixer_class, mixer_names
 from seqmix.config.resolvers import register_resolvers
-from seqmix.config.schema import check_train_config
+from seqmix.config.schema import TRAIN, check_train_config, untyped_keys
 from seqmix.config.user_errors import user_error_in
 from seqmix.errors import SeqmixError
 from seqmix.models import DecoderOnly, count_parameters
@@ -45,6 +45,7 @@ def resolve_outside_hydra(cfg):
 def test_model_task_compose_and_instantiate(task, model):
     cfg = resolve_outside_hydra(compose_train([f"task={task}", f"model={model}", "task.vocab_size=320"]))
     check_train_config(cfg)  # every shipped model x task passes the schema (seqmix.config.schema)
+    assert untyped_keys(cfg, TRAIN) == []  # and each of its keys is typed or named as read where used
     lm = cfg.task.get("adaptive") is not None
     vocab = max([320, *[c + 100 for c in (cfg.task.adaptive.cutoffs if lm else [])]])  # above adaptive cutoffs
     if lm and model.startswith(("convs2s", "cmlm", "disco")):  # no language model in these presets

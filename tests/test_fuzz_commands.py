@@ -1,14 +1,18 @@
 """Property: any command a user types, with any of the files they may point it at, ends in success or in one
 ``seqmix: error:`` line (exit status 2, the last thing said, no traceback), never an internal error or a crash.
-Commands: generate.py, preprocess.py, ``python -m seqmix.report``, ``python -m seqmix.interop.fairseq
-import|export``; paths: a good checkpoint, a truncated one, a text file, an empty file, random bytes, a folder,
-a missing path, a path under a file; plus right and wrong option values.
+Commands: train.py (short runs on the built-in task, with resume and init_from), generate.py, preprocess.py,
+``python -m seqmix.report``, ``python -m seqmix.interop.fairseq import|export``; paths: a good checkpoint, a truncated
+one, a text file, an empty file, random bytes, a folder, a missing path, a path under a file; plus right and wrong
+option values. Each path or value slot gets a right one half the time, so working runs are drawn as well as
+refusals; a success must leave whole outputs (a finished run record, last.ckpt, one hypothesis per input line), a
+failure nothing half-written and no run that says running.
 
 `make test` runs a fixed, derandomized sample (COMMAND_FUZZ_EXAMPLES, default 12); `make fuzz` runs 500.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -43,37 +47,87 @@ def zoo(tmp_path_factory) -> Path:
 
 
 paths = st.sampled_from(PATHS)
-values = st.sampled_from(["1", "0", "-1", "5", "abc", "''", "nan", "[1]", "null", "true"])
+# a slot a user fills rightly half the time: the draw reaches working runs, not only early refusals
+checkpoints = st.one_of(st.just("good.ckpt"), paths)
+inputs = st.one_of(st.just("text.txt"), paths)
+outputs = st.one_of(st.just("fresh.txt"), paths)  # fresh: a new file in a new folder
+wrong_values = st.sampled_from(["0", "-1", "abc", "''", "nan", "[1]", "null", "true", "1e30"])
+RIGHT_VALUES = {"beam_size": ["1", "2", "5"], "average_last": ["0", "1"], "max_tokens": ["64", "8000"],
+                "len_penalty": ["0.5", "1.0", "2"], "optim.lr": ["1e-3", "5e-4"], "seed": ["0", "7"],
+                "trainer.val_check_interval": ["1", "2", "0.5", "100000"], "task.data.max_tokens": ["64", "512"],
+                "label_smoothing": ["0.0", "0.2"], "trainer.gradient_clip_val": ["0.1", "null"]}
+
+
+def value_of(draw, key: str) -> str:
+    return draw(st.sampled_from(RIGHT_VALUES[key])) if draw(st.booleans()) else draw(wrong_values)
+
+
+TRAIN_BASE = [*TINY, "trainer.max_steps=3", "trainer.max_epochs=-1", "run_test=false", "trainer.limit_val_batches=1"]
 
 
 @st.composite
 def commands(draw) -> tuple[str, bool, list[str]]:
     """(script or module, is a module, arguments with @path@ placeholders for the zoo's files)."""
-    kind = draw(st.sampled_from(["generate", "preprocess", "report", "import", "export"]))
+    kind = draw(st.sampled_from(["train", "generate", "generate", "preprocess", "report", "import", "export"]))
+    if kind == "train":
+        args = [*TRAIN_BASE, "hydra.run.dir=@work@/run"]
+        for key in draw(st.lists(st.sampled_from(["init_from", "ckpt_path", "resume", *[k for k in RIGHT_VALUES if
+                                                  "." in k or k in ("seed", "label_smoothing")]]),
+                                 max_size=2, unique=True)):
+            if key in ("init_from", "ckpt_path"):
+                args.append(f"{key}=@{draw(checkpoints)}@")
+            elif key == "resume":
+                args.append(f"resume={draw(st.sampled_from(['never', 'auto', 'sometimes']))}")
+            else:
+                args.append(f"{key}={value_of(draw, key)}")
+        return "train.py", False, args
     if kind == "generate":
-        args = [f"ckpt_path=@{draw(paths)}@"]
+        args = [f"ckpt_path=@{draw(checkpoints)}@"]
         for key in draw(st.lists(st.sampled_from(["input", "output", "split", "beam_size", "average_last", "device",
                                                   "max_tokens", "len_penalty"]), max_size=3, unique=True)):
-            if key in ("input", "output"):
-                args.append(f"{key}=@{draw(paths)}@")
+            if key == "input":
+                args.append(f"input=@{draw(inputs)}@")
+            elif key == "output":
+                args.append(f"output=@{draw(outputs)}@")
             elif key == "split":
                 args.append(f"split={draw(st.sampled_from(['valid', 'test', 'train', 'bogus']))}")
             elif key == "device":
                 args.append(f"device={draw(st.sampled_from(['cpu', 'cuda', 'tpu7']))}")
             else:
-                args.append(f"{key}={draw(values)}")
+                args.append(f"{key}={value_of(draw, key)}")
         return "generate.py", False, args
     if kind == "preprocess":
         return "preprocess.py", False, ["task=multi30k_ende", "task.vocab_size=60",
-                                        f"task.data.source.path=@{draw(paths)}@",
-                                        f"paths.cache_dir=@{draw(paths)}@/cache"]
+                                        f"task.data.source.path=@{draw(st.one_of(st.just('folder'), paths))}@",
+                                        f"paths.cache_dir=@{draw(st.one_of(st.just('new'), paths))}@/cache"]
     if kind == "report":
         return "seqmix.report", True, [f"@{draw(paths)}@",
                                        *draw(st.sampled_from([[], ["--metric", "best_valid"], ["--metric", "x"]]))]
     if kind == "import":
         return "seqmix.interop.fairseq", True, ["import", f"@{draw(paths)}@", "--data-dir", f"@{draw(paths)}@",
                                                 "--out", f"@{draw(paths)}@"]
-    return "seqmix.interop.fairseq", True, ["export", f"@{draw(paths)}@", "--out", f"@{draw(paths)}@/out"]
+    return "seqmix.interop.fairseq", True, ["export", f"@{draw(checkpoints)}@", "--out",
+                                            f"@{draw(st.one_of(st.just('new'), paths))}@/out"]
+
+
+def check_outputs(script: str, args: list[str], work: Path, succeeded: bool) -> None:
+    """A success leaves its outputs whole; a failure leaves nothing half-written and no run that says running."""
+    left = [p for p in work.rglob("*") if p.is_file()]
+    assert not [p for p in left if p.name.endswith(".tmp") or ".tmp." in p.name], left
+    for record in work.rglob("run.json"):
+        status = json.loads(record.read_text())["status"]
+        assert status == ("finished" if succeeded else "failed"), record
+    if not succeeded:
+        assert not [p for p in left if p.name.startswith("hyp.") or p.name == "interrupted.ckpt"], left
+        return
+    if script == "train.py":
+        assert (work / "run" / "checkpoints" / "last.ckpt").is_file()
+        assert json.loads((work / "run" / "run.json").read_text())["status"] == "finished"
+    if script == "generate.py":
+        output = next((a.split("=", 1)[1] for a in args if a.startswith("output=")), None)
+        source = next((a.split("=", 1)[1] for a in args if a.startswith("input=")), None)
+        if output and source:  # one hypothesis per input line
+            assert len(Path(output).read_text().splitlines()) == len(Path(source).read_text().splitlines())
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -82,8 +136,10 @@ def commands(draw) -> tuple[str, bool, list[str]]:
 def test_a_command_succeeds_or_ends_in_one_user_error(zoo, tmp_path_factory, command):
     script, module, args = command
     work = tmp_path_factory.mktemp("cmd")
-    for name in PATHS:
-        args = [a.replace(f"@{name}@", str(zoo / name)) for a in args]
+    places = {"work": work, "new": work / "new", "fresh.txt": work / "new" / "hyp.txt",
+              **{name: zoo / name for name in PATHS}}
+    for name, path in places.items():
+        args = [a.replace(f"@{name}@", str(path)) for a in args]
     env = {**os.environ, "SEQMIX_LOG_DIR": str(work / "logs"), "SEQMIX_CACHE_DIR": str(work / "cache"),
            "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     proc = forkserver.server().run(script if module else ROOT / script, args, work, env, 300, module=module)
@@ -95,3 +151,4 @@ def test_a_command_succeeds_or_ends_in_one_user_error(zoo, tmp_path_factory, com
         errors = [line for line in output.splitlines() if "seqmix: error:" in line]
         last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
         assert len(errors) == 1 and last == errors[0], describe(proc)
+    check_outputs(script, args, work, proc.returncode == 0)

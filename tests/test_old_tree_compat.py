@@ -16,7 +16,7 @@ import torch
 from seqmix.config.build import model_from_config
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.resolvers import register_resolvers
-from seqmix.config.schema import check_train_config
+from seqmix.config.schema import TRAIN, check_train_config, untyped_keys
 from tests.helpers import run_config
 
 
@@ -24,6 +24,7 @@ def build_for_dry_run(cfg) -> torch.nn.Module:
     """The model `python train.py <overrides> dry_run=true` builds and counts (shapes only: on the meta device)."""
     settle_mixer_choice(cfg)
     check_train_config(cfg)  # train.py checks the schema before dry_run
+    assert untyped_keys(cfg, TRAIN) == []  # each key typed, or named as read where it is used
     with torch.device("meta"):
         return model_from_config(cfg)
 

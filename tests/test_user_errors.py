@@ -1,4 +1,5 @@
-"""Bad input, everywhere: each mistake a user can make with train.py, generate.py or preprocess.py ends with one
+"""Bad input, everywhere: each mistake a user can make with train.py, generate.py, preprocess.py or a side command
+(python -m seqmix.report, python -m seqmix.interop.fairseq) ends with one
 `seqmix: error:` line that says what to do, exit status 2, no traceback, and nothing left behind that looks like a
 valid run, checkpoint or token store. Every case runs the real entry point in a process of its own (forked from
 the test worker's fork server, tests/forkserver.py, or a fresh interpreter where the case needs one)."""
@@ -121,6 +122,15 @@ CASES = [
          lambda m: [*TINY, "callbacks.best_checkpoint.monitor=val/blue", "trainer.max_steps=4", "trainer.max_epochs=-1",
                     "trainer.val_check_interval=2", "trainer.limit_val_batches=1"],
          ("monitor='val/blue'", "fix that setting")),
+    Case("validation interval longer than the epoch", "train.py",
+         lambda m: [*TINY, "trainer.val_check_interval=100000"], ("val_check_interval", "training batches")),
+    Case("pictures folder that cannot be created", "train.py",
+         lambda m: [*TINY, "trainer.max_epochs=1", "callbacks.dashboard.pictures_dir=/proc/seqmix_pictures"],
+         ("/proc/seqmix_pictures", "check the path")),
+    Case("a string as the learning rate", "train.py", lambda m: [*TINY, "optim.lr=fast"],
+         ("optim.lr='fast': must be a finite number > 0",)),
+    Case("a tokenizer kind that does not exist", "train.py", lambda m: [*TINY, "+task.data.tokenizer.kind=unigram"],
+         ("task.data.tokenizer.kind='unigram'", "'bpe', 'word'")),
     Case("nonfinite policy that does not exist", "train.py", lambda m: [*TINY, "nonfinite=ignore"],
          ("nonfinite='ignore': must be one of ['raise', 'skip']",)),
     # --- the data -------------------------------------------------------------------------------------------
@@ -196,6 +206,15 @@ CASES = [
     Case("preprocess data that is not UTF-8", "preprocess.py", data_run("not_utf8"), ("not UTF-8",)),
     Case("preprocess into a cache folder that cannot be created", "preprocess.py",
          data_run("good", "paths.cache_dir=A_FILE/cache"), ("a_file",)),
+    # --- the side commands (python -m ...); found by tests/test_fuzz_commands.py ------------------------------
+    Case("a side command's unknown option", "seqmix.report", lambda m: [str(m / "run_dir"), "--metrc", "score"],
+         ("unrecognized arguments: --metrc", "-h` shows the usage")),
+    Case("report on a folder that is a file", "seqmix.report", lambda m: [str(m / "a_file")], ("a_file",)),
+    Case("export a checkpoint over an existing file", "seqmix.interop.fairseq",
+         lambda m: ["export", "CKPT", "--out", "A_FILE"], ("a_file",)),
+    Case("import a file that is not a fairseq checkpoint", "seqmix.interop.fairseq",
+         lambda m: ["import", str(m / "not_a_checkpoint.ckpt"), "--data-dir", str(m / "good"), "--out",
+                    str(m / "imported.ckpt")], ("not_a_checkpoint.ckpt",)),
 ]
 
 

@@ -16,6 +16,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from seqmix.config.schema import TRAIN, check
 from seqmix.data import Tokenizer, TranslationDataModule
 from seqmix.errors import SeqmixError
 from seqmix.generation.options import BeamOptions, NATOptions
@@ -118,13 +119,9 @@ def build_task(cfg: DictConfig, tokenizer, model: nn.Module | None = None):
 
 def nonfinite_policy(cfg: DictConfig) -> tuple[str, int]:
     """The top-level ``nonfinite`` (raise | skip) and ``nonfinite_skip_limit`` (skipped updates in a row that stop
-    the run), checked."""
-    policy, limit = cfg.get("nonfinite", "raise"), cfg.get("nonfinite_skip_limit", 10)
-    if policy not in ("raise", "skip"):
-        raise SeqmixError(f"nonfinite must be raise or skip, got {policy!r}")
-    if not isinstance(limit, int) or limit < 1:
-        raise SeqmixError(f"nonfinite_skip_limit must be a positive number of updates, got {limit!r}")
-    return policy, limit
+    the run), checked by the schema's rules also where a config is built without train.py's check."""
+    check(cfg, {key: TRAIN[key] for key in ("nonfinite", "nonfinite_skip_limit")})
+    return cfg.get("nonfinite", "raise"), cfg.get("nonfinite_skip_limit", 10)
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
+from sacrebleu import BLEU
 
+from seqmix.data.lm_blocks import BREAK_MODES
+from seqmix.data.tokenizer import TOKENIZER_KINDS
 from seqmix.errors import SeqmixError
+from seqmix.models.blocks import ACTIVATIONS
 
 
 class Rule:
+    def describe(self) -> str:
+        """What is allowed, e.g. "a whole number >= 1"."""
+        raise NotImplementedError
+
+    def allows(self, value) -> bool:
+        raise NotImplementedError
+
     def problem(self, value) -> str | None:
         """None when ``value`` is allowed, else what is allowed."""
-        raise NotImplementedError
+        return None if self.allows(value) else f"must be {self.describe()}"
 
 
 @dataclass(frozen=True)
@@ -43,24 +55,27 @@ class Number(Rule):
             bounds.append(f"{'<' if self.open_high else '<='} {self.high:g}")
         return f"{kind} {' and '.join(bounds)}".strip()
 
-    def problem(self, value) -> str | None:
+    def allows(self, value) -> bool:
         if isinstance(value, bool) or not isinstance(value, int | float) or (self.whole and not isinstance(value, int)):
-            return f"must be {self.describe()}"
+            return False
         if not math.isfinite(value):
-            return f"must be {self.describe()}"
+            return False
         below = value <= self.low if self.open_low else value < self.low
         above = value >= self.high if self.open_high else value > self.high
-        return f"must be {self.describe()}" if below or above else None
+        return not (below or above)
 
 
 @dataclass(frozen=True)
 class Choice(Rule):
     values: tuple
 
-    def problem(self, value) -> str | None:
+    def describe(self) -> str:
+        return f"one of {list(self.values)}"
+
+    def allows(self, value) -> bool:
         if isinstance(value, bool) and not any(isinstance(v, bool) for v in self.values):
-            return f"must be one of {list(self.values)}"
-        return None if value in self.values else f"must be one of {list(self.values)}"
+            return False  # True == 1, but true is not the choice 1
+        return value in self.values
 
 
 @dataclass(frozen=True)
@@ -69,11 +84,25 @@ class Kind(Rule):
 
     type_: type
 
-    def problem(self, value) -> str | None:
-        names = {bool: "true or false", str: "a non-empty string"}
-        if not isinstance(value, self.type_) or (self.type_ is str and not value.strip()):
-            return f"must be {names.get(self.type_, self.type_.__name__)}"
-        return None
+    def describe(self) -> str:
+        return {bool: "true or false", str: "a non-empty string"}.get(self.type_, self.type_.__name__)
+
+    def allows(self, value) -> bool:
+        return isinstance(value, self.type_) and not (self.type_ is str and not value.strip())
+
+
+@dataclass(frozen=True)
+class Text(Rule):
+    """A string matching ``pattern`` (whole), described as ``shape``."""
+
+    pattern: str
+    shape: str
+
+    def describe(self) -> str:
+        return self.shape
+
+    def allows(self, value) -> bool:
+        return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
 
 
 @dataclass(frozen=True)
@@ -82,24 +111,24 @@ class ListOf(Rule):
     length: int | None = None
     min_length: int = 0
 
-    def problem(self, value) -> str | None:
-        allowed = (self.item.problem(object()) or "").removeprefix("must be ")
+    def describe(self) -> str:
         size = f"{self.length} " if self.length is not None else ("non-empty " if self.min_length else "")
-        if not isinstance(value, list | tuple) or (self.length is not None and len(value) != self.length) \
-                or len(value) < self.min_length:
-            return f"must be a list of {size}items, each {allowed}"
-        return f"must be a list of {size}items, each {allowed}" if any(self.item.problem(v) for v in value) else None
+        return f"a list of {size}items, each {self.item.describe()}"
+
+    def allows(self, value) -> bool:
+        return isinstance(value, list | tuple) and (self.length is None or len(value) == self.length) \
+            and len(value) >= self.min_length and all(self.item.allows(v) for v in value)
 
 
 @dataclass(frozen=True)
 class AnyOf(Rule):
     rules: tuple[Rule, ...]
 
-    def problem(self, value) -> str | None:
-        problems = [r.problem(value) for r in self.rules]
-        if all(problems):
-            return "must be " + " or ".join(p.removeprefix("must be ") for p in problems)
-        return None
+    def describe(self) -> str:
+        return " or ".join(r.describe() for r in self.rules)
+
+    def allows(self, value) -> bool:
+        return any(r.allows(value) for r in self.rules)
 
 
 def maybe(rule: Rule) -> Rule:
@@ -111,62 +140,123 @@ COUNT = Number(1, whole=True)
 COUNT0 = Number(0, whole=True)
 PROBABILITY = Number(0, 1, open_high=True)
 FLAG = Kind(bool)
+TEXT = Kind(str)
 FINITE = Number()
 NONNEGATIVE = Number(0)
+SEED = Number(0, 2**32 - 1, whole=True)
 ON_OFF_AUTO = AnyOf((FLAG, Choice(("auto",))))
+MIN_MAX = Choice(("min", "max"))
+KERNEL_SIZES = AnyOf((COUNT, ListOf(COUNT)))
 
+# A mixer's options, wherever a mixer is configured: the mixer group's node, a stack's mixer, a hybrid's legend
+MIXER_OPTIONS = {
+    "*dropout": PROBABILITY, "kernel_size": KERNEL_SIZES, "right_kernel_size": maybe(KERNEL_SIZES), "glu": FLAG,
+    "weight_softmax": FLAG, "bias": FLAG, "output_normalization": FLAG, "heads": maybe(COUNT),
+}
+MIXER = {f"{where}.{key}": rule for where in ("mixer", "model.*.mixer", "model.*.legend.*")
+         for key, rule in MIXER_OPTIONS.items()}
 MODEL = {
-    "model.embed_dim": COUNT, "model.*.embed_dim": COUNT, "model.*dropout": PROBABILITY,
+    "model.name": TEXT, "model.embed_dim": COUNT, "model.*.embed_dim": COUNT, "model.*dropout": PROBABILITY,
     "model.*.layers": AnyOf((COUNT, ListOf(ListOf(COUNT), min_length=1))), "model.*.heads": COUNT, "model.*heads": maybe(COUNT),
     "model.*.ffn_dim": COUNT, "model.max_*_positions": COUNT, "model.positions": Choice(("sinusoidal", "learned")),
     "model.decoder_start": Choice(("bos", "eos")), "*kernel_backend": Choice(("auto", "triton", "torch")),
-    "model.*.mixer.kernel_size": AnyOf((COUNT, ListOf(COUNT))), "model.*.normalize_before": FLAG,
-    "model.*.mixer.glu": FLAG, "model.*.mixer.weight_softmax": FLAG, "model.*.mixer.bias": FLAG,
-    "model.*.mixer.output_normalization": FLAG,
-    "model.share_*": FLAG, "model.scale_embedding": FLAG,
+    "model.*.normalize_before": FLAG, "model.share_*": FLAG, "model.scale_embedding": FLAG,
+    "model.*.activation": Choice(tuple(ACTIVATIONS)), "model.*.pattern": TEXT, "model.*.out_embed_dim": COUNT,
+    "model.decoder.attention": AnyOf((FLAG, ListOf(FLAG, min_length=1))),
+    **MIXER,
 }
 GENERATION = {
     "beam_size": COUNT, "len_penalty": FINITE, "max_len_a": NONNEGATIVE, "max_len_b": COUNT0, "min_len_a": NONNEGATIVE,
     "min_len_b": COUNT0, "no_repeat_ngram_size": COUNT0, "stepwise_len_penalty": FLAG,
     "length_beam": COUNT, "max_iterations": COUNT, "algorithm": maybe(Choice(("easy_first", "mask_predict"))),
 }
+DATA_SOURCE = {
+    "path": TEXT, "pattern": TEXT, "name": TEXT, "config": maybe(TEXT), "cache_dir": maybe(TEXT),
+    "load_from_disk": maybe(TEXT), "distilled_path": maybe(TEXT), "split_names.*": TEXT, "src_lang": TEXT,
+    "tgt_lang": TEXT, "source_field": TEXT, "text_field": TEXT, "target_fields": AnyOf((TEXT, ListOf(TEXT, min_length=1))),
+    "num_train": COUNT, "num_valid": COUNT, "num_test": COUNT, "min_len": COUNT, "max_len": COUNT, "vocab_size": COUNT,
+    "seed": SEED,
+}
 TASK = {
+    "task.name": TEXT, "task.src_lang": TEXT, "task.tgt_lang": TEXT, "task.distilled_data": maybe(TEXT),
     "task.vocab_size": COUNT, "task.data.max_tokens": COUNT, "task.data.max_tokens_valid": maybe(COUNT),
     "task.data.max_sentences": maybe(COUNT), "task.data.num_workers": COUNT0, "task.data.chunk_size": COUNT,
     "task.data.truncate_source": maybe(COUNT), "task.data.tokens_per_sample": COUNT, "task.data.eval_context": COUNT0,
     "task.data.max_skipped_fraction": Number(0, 1), "task.data.verify_store": FLAG,
+    "task.data.max_positions": COUNT, "task.data.max_*_positions": COUNT, "task.data.seed": SEED,
+    "task.data.break_mode": Choice(BREAK_MODES), "task.data.cache_dir": TEXT, "task.data.src_lang": TEXT,
+    "task.data.tgt_lang": TEXT, "task.data.splits.*": maybe(TEXT), "task.data.splits.train": TEXT,
+    "task.data.tokenizer.kind": Choice(TOKENIZER_KINDS), "task.data.tokenizer.vocab_size": COUNT,
+    "task.data.tokenizer.min_frequency": COUNT, "task.data.tokenizer.lowercase": FLAG, "task.data.tokenizer.joint": FLAG,
+    **{f"task.data.source.{k}": v for k, v in DATA_SOURCE.items()},
     **{f"task.generation.{k}": v for k, v in GENERATION.items()},
     **{f"task.nat.{k}": v for k, v in GENERATION.items()},
+    "task.module.eval_decode": FLAG, "task.monitor.metric": TEXT, "task.monitor.mode": MIN_MAX,
     "task.rouge.lead": COUNT, "task.rouge.stemming": FLAG, "task.bleu.lowercase": FLAG,
+    "task.bleu.tokenize": Choice(tuple(BLEU.TOKENIZERS)),
     "task.adaptive.factor": Number(1), "task.adaptive.softmax_dropout": PROBABILITY,
     "task.adaptive.cutoffs": ListOf(COUNT), "task.adaptive.input": FLAG, "task.adaptive.softmax": FLAG,
 }
-TRAIN = {
-    "seed": Number(0, 2**32 - 1, whole=True), "tags": ListOf(Kind(str)), "dry_run": FLAG, "run_test": FLAG,
-    "slurm_requeue": FLAG, "fused_loss": FLAG, "resume": Choice(("auto", "never")), "label_smoothing": PROBABILITY,
-    "compile": ON_OFF_AUTO, "compile_decoding": ON_OFF_AUTO, "nonfinite": Choice(("raise", "skip")),
-    "nonfinite_skip_limit": COUNT, "stop_min_lr": NONNEGATIVE, "keep_last_epochs": COUNT0,
-    "ckpt_path": maybe(Kind(str)), "init_from": maybe(Kind(str)),
-    "optim.lr": Number(0, open_low=True), "optim.weight_decay": NONNEGATIVE, "optim.eps": Number(0, open_low=True),
-    "optim.betas": ListOf(Number(0, 1, open_high=True), length=2), "optim.momentum": Number(0, 1, open_high=True),
-    "scheduler.warmup_updates": COUNT0, "scheduler.warmup_init_lr": NONNEGATIVE, "scheduler.*lr": NONNEGATIVE,
+CALLBACKS = {
+    "callbacks.*.dirpath": TEXT, "callbacks.*.filename": TEXT, "callbacks.*.monitor": maybe(TEXT),
+    "callbacks.*.mode": MIN_MAX, "callbacks.*.save_top_k": Number(-1, whole=True),
+    "callbacks.*.auto_insert_metric_name": FLAG, "callbacks.*.save_on_train_epoch_end": maybe(FLAG),
+    "callbacks.last_checkpoint.every_n_updates": COUNT0, "callbacks.lr_monitor.logging_interval": maybe(
+        Choice(("step", "epoch"))), "callbacks.progress_bar.metrics_interval": maybe(COUNT),
+    "callbacks.stop_min_lr.min_lr": NONNEGATIVE, "callbacks.dashboard.samples": COUNT0,
+    "callbacks.dashboard.pictures": FLAG, "callbacks.dashboard.pictures_dir": TEXT, "callbacks.dashboard.max_heads": COUNT,
+}
+LOGGER = {
+    "logger.csv.save_dir": TEXT, "logger.wandb.save_dir": maybe(TEXT), "logger.*.name": TEXT, "logger.wandb.project": TEXT, "logger.wandb.group": maybe(TEXT),
+    "logger.wandb.offline": FLAG, "logger.wandb.log_model": AnyOf((FLAG, Choice(("all",)))),
+    "logger.wandb.tags": ListOf(TEXT),
+}
+TRAINER = {
     "trainer.max_epochs": maybe(Number(-1, whole=True)), "trainer.max_steps": Number(-1, whole=True),
+    "trainer.max_time": maybe(Text(r"\d+:\d\d:\d\d:\d\d", "a duration DD:HH:MM:SS")),
+    "trainer.max_time.*": NONNEGATIVE,  # the dict form: {hours: 12}
     "trainer.accumulate_grad_batches": COUNT, "trainer.gradient_clip_val": maybe(NONNEGATIVE),
     "trainer.num_nodes": COUNT, "trainer.check_val_every_n_epoch": maybe(COUNT),
     "trainer.val_check_interval": maybe(AnyOf((COUNT, Number(0, 1, open_low=True)))),
     "trainer.limit_*_batches": maybe(AnyOf((COUNT0, Number(0, 1)))), "trainer.log_every_n_steps": COUNT,
+    "trainer.overfit_batches": AnyOf((COUNT0, Number(0, 1))), "trainer.fast_dev_run": AnyOf((FLAG, COUNT0)),
     "trainer.num_sanity_val_steps": Number(-1, whole=True), "trainer.deterministic": AnyOf((FLAG, Choice(("warn",)))),
+    "trainer.enable_progress_bar": FLAG, "trainer.use_distributed_sampler": FLAG, "trainer.default_root_dir": maybe(TEXT),
     # Lightning's precisions (its older spellings too) and accelerators; devices as Lightning counts them
     "trainer.precision": Choice(("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
                                  "transformer-engine", "transformer-engine-float16", 64, 32, 16, "64", "32", "16", "bf16")),
     "trainer.accelerator": Choice(("auto", "cpu", "gpu", "cuda", "mps", "tpu")),
     "trainer.devices": AnyOf((COUNT, Choice(("auto", -1)), ListOf(COUNT0, min_length=1))),
-    **MODEL, **TASK,
+}
+TRAIN = {
+    "seed": SEED, "tags": ListOf(TEXT), "dry_run": FLAG, "run_test": FLAG,
+    "slurm_requeue": FLAG, "fused_loss": FLAG, "resume": Choice(("auto", "never")), "label_smoothing": PROBABILITY,
+    "compile": ON_OFF_AUTO, "compile_decoding": ON_OFF_AUTO, "nonfinite": Choice(("raise", "skip")),
+    "nonfinite_skip_limit": COUNT, "stop_min_lr": NONNEGATIVE, "keep_last_epochs": COUNT0,
+    "ckpt_path": maybe(TEXT), "init_from": maybe(TEXT),
+    "optim.lr": Number(0, open_low=True), "optim.weight_decay": NONNEGATIVE, "optim.eps": Number(0, open_low=True),
+    "optim.betas": ListOf(Number(0, 1, open_high=True), length=2), "optim.momentum": Number(0, 1, open_high=True),
+    "optim.nesterov": FLAG,
+    "scheduler.warmup_updates": COUNT0, "scheduler.warmup_init_lr": NONNEGATIVE, "scheduler.*lr": NONNEGATIVE,
+    "scheduler.total_updates": maybe(COUNT), "scheduler.factor": Number(0, 1, open_low=True, open_high=True),
+    "scheduler.patience": COUNT0, "scheduler.threshold": NONNEGATIVE, "scheduler.monitor": TEXT,
+    **TRAINER, **CALLBACKS, **LOGGER, **MODEL, **TASK,
 }
 GENERATE = {
     **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "max_tokens": COUNT,
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,
-    "split": Kind(str), "device": Kind(str), "output": Kind(str),
+    "split": TEXT, "device": TEXT, "output": TEXT, "ckpt_path": TEXT, "input": maybe(TEXT),
+    "reference": maybe(TEXT), "distill_dir": maybe(TEXT),
+    **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)
+}
+# Keys no rule types, and why: each is checked where it is read (with its own seqmix error) or is Hydra's
+READ_WHERE_USED = {
+    "*._target_": "a class path: instantiate() names it when it does not import",
+    "*._partial_": "Hydra's", "*._convert_": "Hydra's",
+    "*.base_target": "a class path (distilled data wraps it)",
+    "paths.*": "folders, checked when created or read",
+    "trainer.strategy": "Lightning's strategy registry names the known ones",
+    "trainer.profiler.*": "handed to Lightning's profiler",
 }
 
 
@@ -186,6 +276,9 @@ def check(cfg: DictConfig, rules: dict[str, Rule]) -> None:
         matching = [rule for pattern, rule in rules.items() if fnmatch.fnmatchcase(key, pattern)]
         if not matching:
             continue
+        parent, _, name = key.rpartition(".")
+        if OmegaConf.is_missing(OmegaConf.select(cfg, parent) if parent else cfg, name):
+            continue  # ??? : reading it names the key (seqmix.config.user_errors)
         try:
             value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
         except Exception:  # noqa: BLE001 - an interpolation only Hydra's runtime resolves: checked where it is read
@@ -204,3 +297,11 @@ def check_train_config(cfg: DictConfig) -> None:
 
 def check_generate_config(cfg: DictConfig) -> None:
     check(cfg, GENERATE)
+
+
+def untyped_keys(cfg: DictConfig, rules: dict[str, Rule]) -> list[str]:
+    """Keys of ``cfg`` that no rule types and READ_WHERE_USED does not name: a new config key needs one or the other
+    (tests check every shipped config)."""
+    patterns = [*rules, *READ_WHERE_USED]
+    return [key for key in leaf_keys(OmegaConf.to_container(cfg, resolve=False))
+            if not any(fnmatch.fnmatchcase(key, p) for p in patterns)]

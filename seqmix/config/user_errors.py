@@ -47,6 +47,7 @@ FILE_SYSTEM_HINTS = {
     errno.ENOTDIR: "part of that path is a file, not a folder: choose another path",
     errno.EISDIR: "that path is a folder: give a file name",
     errno.EEXIST: "a file is in the way of that folder: choose another path",
+    errno.ENOENT: "a folder on that path does not exist and cannot be created there: check the path",
 }
 
 
@@ -81,6 +82,16 @@ def _unknown_key(err: OmegaConfBaseException, override: str | None) -> str:
     return f"{key}: no such key in the config{hint}{add}"
 
 
+def _lightning_refused(err: BaseException) -> bool:
+    """A ValueError raised by Lightning's own code (its loops check settings only once they meet the data, e.g. a
+    validation interval longer than the epoch): Lightning's words for a setting it refuses."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return isinstance(err, ValueError) and module.startswith(("lightning.pytorch.", "lightning.fabric."))
+
+
 def describe(err: BaseException) -> str | None:
     """The one-line message for a user's mistake, or None when ``err`` is not one (a bug: keep its traceback)."""
     if isinstance(err, SeqmixError):
@@ -107,7 +118,7 @@ def describe(err: BaseException) -> str | None:
             return (f"{where}: {cause}; remove, rename or add that option (`python train.py --cfg job` shows the "
                     "composed config)")
         return f"{where}: {_one_line(str(cause))}; fix that {where}.* setting"
-    if isinstance(err, MisconfigurationException):  # Lightning's "a setting is wrong", wherever it is raised
+    if isinstance(err, MisconfigurationException) or _lightning_refused(err):  # Lightning's "a setting is wrong"
         return f"{_one_line(str(err))} (fix that setting; `python train.py --cfg job` shows the composed config)"
     if isinstance(err, OmegaConfBaseException) or type(err).__module__.startswith("hydra."):
         return _one_line(str(err).replace("Set the environment variable HYDRA_FULL_ERROR=1", ""))

@@ -8,9 +8,9 @@ split from the task's own source, so a non-autoregressive model trains on the te
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
+import pydoc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,8 +42,10 @@ class DistilledTrainSource:
 
     def __init__(self, base_target: str, src_lang: str, tgt_lang: str, distilled_path: str | None = None,
                  train_split: str = "train", distilled_pattern: str = "{split}.{lang}", **base_kwargs) -> None:
-        module, _, name = base_target.rpartition(".")
-        base_cls = getattr(importlib.import_module(module), name)
+        base_cls = pydoc.locate(base_target)
+        if not callable(base_cls):
+            raise SeqmixError(f"base_target={base_target!r} names no class: give a data source class such as "
+                              "seqmix.data.LocalParallelSource")
         accepted = inspect.signature(base_cls).parameters
         langs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if k in accepted}
         self.base = base_cls(**langs, **base_kwargs)

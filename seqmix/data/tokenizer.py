@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0,1,2,3 (fairseq order)
 _FORMAT = "seqmix-bpe-v1"  # bump when the pipeline below changes, so old caches are not reused
 _FORMATS = {"bpe": _FORMAT, "word": "seqmix-word-v1"}
+TOKENIZER_KINDS = tuple(_FORMATS)  # what task.data.tokenizer.kind may be
 _MOSES_SUBWORD_FORMAT = "seqmix-moses-subword-v1"  # seqmix.data.moses_subword.FORMAT (not imported: no cycle)
 
 

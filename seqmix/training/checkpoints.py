@@ -4,10 +4,10 @@ interrupted.ckpt during training, averaging, and the checks before resuming or s
 from __future__ import annotations
 
 import errno
-import importlib
 import inspect
 import logging
 import os
+import pydoc
 from pathlib import Path
 
 import lightning as L
@@ -94,10 +94,9 @@ def _moved_target(target):
 
 def _takes(target: str, key: str) -> bool:
     """Whether the class or function named ``target`` has a parameter ``key``."""
-    module, _, name = target.rpartition(".")
     try:
-        return key in inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        return key in inspect.signature(pydoc.locate(target)).parameters
+    except (pydoc.ErrorDuringImport, ValueError, TypeError):  # nothing of that name (None), or no signature
         return False
 
 

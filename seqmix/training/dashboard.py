@@ -53,6 +53,8 @@ class Dashboard(Callback):
 
     # --- config and size ---------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pictures and trainer.is_global_zero:
+            self.pictures_dir.mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before training
         params = {**getattr(pl_module, "run_config", {}), "parameters": count_parameters(pl_module.model)}
         for logger in trainer.loggers:
             logger.log_hyperparams(params)

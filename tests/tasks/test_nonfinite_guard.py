@@ -152,7 +152,7 @@ def test_unknown_policy_is_a_user_error(tmp_path):
         cfg = compose(config_name="train", overrides=["nonfinite=ignore"])
     from seqmix.config.build import nonfinite_policy
 
-    with pytest.raises(SeqmixError, match="nonfinite must be raise or skip"):
+    with pytest.raises(SeqmixError, match=r"nonfinite='ignore': must be one of \['raise', 'skip'\]"):
         nonfinite_policy(cfg)
 
 
