@@ -172,7 +172,8 @@ GENERATION = {
 }
 DATA_SOURCE = {
     "path": TEXT, "pattern": TEXT, "name": TEXT, "config": maybe(TEXT), "cache_dir": maybe(TEXT),
-    "load_from_disk": maybe(TEXT), "distilled_path": maybe(TEXT), "split_names.*": TEXT, "src_lang": TEXT,
+    "load_from_disk": maybe(TEXT), "streaming": FLAG, "distilled_path": maybe(TEXT), "split_names.*": TEXT,
+    "src_lang": TEXT,
     "tgt_lang": TEXT, "source_field": TEXT, "text_field": TEXT, "target_fields": AnyOf((TEXT, ListOf(TEXT, min_length=1))),
     "num_train": COUNT, "num_valid": COUNT, "num_test": COUNT, "min_len": COUNT, "max_len": COUNT, "vocab_size": COUNT,
     "seed": SEED,

@@ -274,7 +274,14 @@ class LocalParallelSource:
 
 
 class HFParallelSource:
-    """A Hugging Face ``datasets`` dataset (hub name, local data files, or a ``save_to_disk`` directory)."""
+    """A Hugging Face ``datasets`` dataset (hub name, local data files, or a ``save_to_disk`` directory).
+
+    ``streaming=True`` reads the hub files (or data files) as a stream, chunk by chunk, instead of first converting
+    the whole corpus into an Arrow copy under ``cache_dir``: disk holds only the token stores, memory one chunk.
+    The streamed rows are the rows the Arrow copy would hold, in the same order, and the fingerprint is the one
+    ``datasets`` gives that copy (it names the dataset revision and data files, not how they are read), so both
+    ways share one cache of tokenizers and token stores.
+    """
 
     def __init__(
         self,
@@ -288,6 +295,7 @@ class HFParallelSource:
         split_names: dict | None = None,
         field: str = "translation",
         revision: str | None = None,
+        streaming: bool = False,
     ):
         if name is None and load_from_disk is None:
             raise SeqmixError(
@@ -300,7 +308,15 @@ class HFParallelSource:
         self.load_from_disk = os.path.expanduser(load_from_disk) if load_from_disk else None
         self.cache_dir = os.path.expanduser(cache_dir) if cache_dir else None
         self.split_names = dict(split_names or {})
-        self._splits = None  # DatasetDict, loaded once on first read
+        if streaming and self.load_from_disk:
+            raise SeqmixError(
+                "task.data.source.streaming=true reads a dataset from the hub or data_files without copying it, but "
+                "task.data.source.load_from_disk names a saved copy: set load_from_disk=null to stream, or "
+                "streaming=false to read the saved folder"
+            )
+        self.streaming = bool(streaming)
+        self._splits = None  # DatasetDict (IterableDatasetDict when streaming), loaded once on first read
+        self._builder = None  # the streaming dataset's builder: its fingerprint is the Arrow copy's
 
     def _describe(self) -> str:
         if self.load_from_disk:
@@ -316,6 +332,12 @@ class HFParallelSource:
         try:
             if self.load_from_disk:
                 loaded = datasets.load_from_disk(self.load_from_disk)
+            elif self.streaming:  # what load_dataset(..., streaming=True) does, keeping the builder
+                self._builder = datasets.load_dataset_builder(
+                    self.name, self.config, data_files=self.data_files, cache_dir=self.cache_dir,
+                    revision=self.revision,
+                )
+                loaded = self._builder.as_streaming_dataset()
             else:
                 loaded = datasets.load_dataset(
                     self.name, self.config, data_files=self.data_files, cache_dir=self.cache_dir,
@@ -353,8 +375,9 @@ class HFParallelSource:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if self.field in ds.column_names:
-            kind = ds.features.arrow_schema.field(self.field).type
+        schema = self.arrow_schema(ds)
+        if self.field in schema.names:
+            kind = schema.field(self.field).type
             found = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else [self.field]
             if lang not in found:
                 raise SeqmixError(
@@ -362,13 +385,24 @@ class HFParallelSource:
                     f"(found {found}); fix task.src_lang / task.tgt_lang"
                 )
             return self.field, lambda batch: pc.struct_field(batch.column(self.field), lang).to_pylist()
-        if lang in ds.column_names:
+        if lang in schema.names:
             return lang, self.flat_column(lang)
         raise SeqmixError(
             f"{self._describe()} has neither a {self.field!r} column nor a {lang!r} column (columns: "
-            f"{ds.column_names}); set task.data.source.field to the column holding {{lang: text}} records, or fix the "
+            f"{schema.names}); set task.data.source.field to the column holding {{lang: text}} records, or fix the "
             f"language codes"
         )
+
+    @staticmethod
+    def arrow_schema(ds):
+        """The split's Arrow schema: from its features, or (a stream whose builder declares none) from its first
+        row, so a wrong column is still answered before any chunk is read."""
+        import pyarrow as pa
+
+        if ds.features is not None:
+            return ds.features.arrow_schema
+        first = next(iter(ds.with_format("arrow").iter(batch_size=1)), None)
+        return first.schema if first is not None else pa.schema([])
 
     @staticmethod
     def flat_column(name: str) -> Callable:
@@ -376,7 +410,8 @@ class HFParallelSource:
 
     @staticmethod
     def _batches(ds, columns: list[str], chunk_size: int) -> Iterator:
-        """Arrow tables of at most ``chunk_size`` rows holding only ``columns``: never a whole column in Python."""
+        """Arrow tables of at most ``chunk_size`` rows holding only ``columns``: never a whole column in Python (a
+        stream is read once, in file order, ``chunk_size`` rows at a time)."""
         check_chunk_size(chunk_size)
         return ds.select_columns(sorted(set(columns))).with_format("arrow").iter(batch_size=chunk_size)
 
@@ -396,13 +431,21 @@ class HFParallelSource:
         """What this class reads from a dataset, so two ways of reading one dataset get different keys."""
         return [self.field, self.src_lang, self.tgt_lang]
 
+    def _own_fingerprint(self, split: str, ds) -> str | None:
+        """``datasets``' fingerprint of the split's Arrow data; a stream has none, so it is asked of the builder,
+        which gives the one the Arrow copy of the same revision and data files gets (no text is read)."""
+        if self._builder is None:
+            return getattr(ds, "_fingerprint", None)
+        of_builder = getattr(self._builder, "_get_dataset_fingerprint", None)  # private in datasets: may go away
+        return of_builder(self.split_names.get(split, split)) if callable(of_builder) else None
+
     def fingerprint(self, split: str) -> str:
         """The dataset's own fingerprint (``datasets`` derives it from the data files or the saved state) with what
         is read from it: instant, where hashing the text would read it all. Without one: a streamed text hash."""
         ds = self._dataset(split)
         self._getters(ds)  # a wrong field or language fails here, before a cache is keyed on it
         key = [type(self).__name__, *self._read_key()]
-        own = getattr(ds, "_fingerprint", None)
+        own = self._own_fingerprint(split, ds)
         if own:
             return hashlib.sha256(json.dumps([*key, own]).encode()).hexdigest()
         return hash_chunks(self.iter_chunks(split), *key)

@@ -73,14 +73,15 @@ class LocalTextSource:
 
 class HFTextSource(HFParallelSource):
     """One text column of a Hugging Face ``datasets`` dataset (hub name, local data files or a saved folder),
-    e.g. ``wikitext``/``wikitext-103-v1`` or ``lm1b``, column ``text``. Trailing newlines of rows are dropped."""
+    e.g. ``wikitext``/``wikitext-103-v1`` or ``lm1b``, column ``text``. Trailing newlines of rows are dropped;
+    ``streaming`` as for :class:`HFParallelSource`."""
 
     def __init__(self, name: str | None, text_field: str = "text", config: str | None = None,
                  data_files: dict | None = None, load_from_disk: str | None = None, cache_dir: str | None = None,
-                 split_names: dict | None = None, revision: str | None = None) -> None:
+                 split_names: dict | None = None, revision: str | None = None, streaming: bool = False) -> None:
         super().__init__(name, text_field, text_field, config=config, data_files=data_files,
                          load_from_disk=load_from_disk, cache_dir=cache_dir, split_names=split_names,
-                         revision=revision)
+                         revision=revision, streaming=streaming)
         self.text_field = text_field
 
     def _getters(self, ds) -> list:
