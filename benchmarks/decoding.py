@@ -111,7 +111,7 @@ def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentence
     seconds, cpu = time.perf_counter(), time.process_time()
     out = decode(n)
     seconds, cpu = time.perf_counter() - seconds, time.process_time() - cpu
-    bleu = corpus_bleu(out.hypotheses, ld.refs[:n], **asdict(ld.task.bleu))
+    bleu = corpus_bleu(out.hypotheses, ld.refs[:n], tokenize=ld.task.bleu.tokenize, lowercase=ld.task.bleu.lowercase)
     batching = "batch 1" if max_sentences == 1 else f"<= {max_sentences} sent." if max_sentences else f"<= {s.max_tokens} tok"
     return common.new_row(
         FIELDS, model=ld.info["model"], parameters=ld.info["parameters"], beam=overrides.get("beam_size"), sentences=n,

@@ -64,6 +64,11 @@ def train_config(overrides: list[str]):
     ("model.decoder.mixer.attention_dropout=0.1", None),  # allowed: a control case for the mixer keys below
     ("+model.encoder.mixer.glu=maybe", "model.encoder.mixer.glu='maybe': must be true or false"),
     ("task.bleu.tokenize=moses", "task.bleu.tokenize='moses': must be one of ['none', 'zh', '13a'"),
+    ("task.bleu.paper=multi_bleu", "task.bleu.paper='multi_bleu': must be one of ['tokenized', 'tokenized_lowercase', "
+                                   "'compound_split'] or a list of non-empty items"),
+    ("task.bleu.paper=[tokenized,compound_split]", None),
+    ("+task.data.source.remove_bpe=@@", "task.data.source.remove_bpe='@@': must be a BPE continuation marker and its "
+                                        "space, e.g. '@@ ' or one of [None]"),
     ("+task.data.tokenizer.kind=sentencepiece", "task.data.tokenizer.kind='sentencepiece': must be one of ['bpe', 'word']"),
     ("task.data.tokenizer.vocab_size=0", "task.data.tokenizer.vocab_size=0: must be a whole number >= 1"),
     ("task.data.source.src_lang=''", "task.data.source.src_lang='': must be a non-empty string"),
@@ -98,6 +103,7 @@ def test_a_wrong_train_value_is_refused_naming_key_value_and_what_is_allowed(ove
     ("algorithm=greedy", "algorithm='greedy': must be one of ['easy_first', 'mask_predict'] or one of [None]"),
     ("+data.path=''", "data.path='': must be a non-empty string"),
     ("input=''", "input='': must be a non-empty string or one of [None]"),
+    ("paper_bleu=bleu", "paper_bleu='bleu': must be one of ['tokenized', 'tokenized_lowercase', 'compound_split']"),
 ])
 def test_a_wrong_generate_value_is_refused(override, message):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

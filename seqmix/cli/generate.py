@@ -7,6 +7,7 @@ import gzip
 import inspect
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from seqmix.files import atomic_write_text
 from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
+from seqmix.tasks import SummarizationTask, TranslationTask
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
 # algorithms' options, and language modeling's context
@@ -104,6 +106,16 @@ def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict) -
         print(outputs[0], flush=True)
 
 
+def set_paper_bleu(task, kinds) -> None:
+    """``paper_bleu=<kind or list>``: the papers' BLEU to print beside sacreBLEU, instead of the task's
+    ``task.bleu.paper`` (null keeps that)."""
+    if kinds is None:
+        return
+    if not isinstance(task, TranslationTask) or isinstance(task, SummarizationTask):
+        raise SeqmixError(f"paper_bleu= scores translations; {type(task).__name__} reports no BLEU: drop it")
+    task.bleu = replace(task.bleu, paper=OmegaConf.to_container(kinds) if OmegaConf.is_list(kinds) else kinds)
+
+
 def generate(cfg: DictConfig) -> float | None:
     check_generate_config(cfg)
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
@@ -112,6 +124,7 @@ def generate(cfg: DictConfig) -> float | None:
     device = decoding_device(cfg.device)
     task.to(device)
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
+    set_paper_bleu(task, cfg.get("paper_bleu"))
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
     if cfg.get("max_sentences"):
         if "max_sentences" not in inspect.signature(task.evaluate_texts).parameters:

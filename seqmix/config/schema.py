@@ -20,6 +20,7 @@ from sacrebleu import BLEU
 from seqmix.data.lm_blocks import BREAK_MODES
 from seqmix.data.tokenizer import TOKENIZER_KINDS
 from seqmix.errors import SeqmixError
+from seqmix.metrics.bleu import PAPER_BLEU_KINDS
 from seqmix.models.blocks import ACTIVATIONS
 
 
@@ -147,6 +148,7 @@ SEED = Number(0, 2**32 - 1, whole=True)
 ON_OFF_AUTO = AnyOf((FLAG, Choice(("auto",))))
 MIN_MAX = Choice(("min", "max"))
 KERNEL_SIZES = AnyOf((COUNT, ListOf(COUNT)))
+PAPER_BLEU = maybe(AnyOf((Choice(PAPER_BLEU_KINDS), ListOf(Choice(PAPER_BLEU_KINDS), min_length=1))))
 
 # A mixer's options, wherever a mixer is configured: the mixer group's node, a stack's mixer, a hybrid's legend
 MIXER_OPTIONS = {
@@ -176,7 +178,7 @@ DATA_SOURCE = {
     "src_lang": TEXT,
     "tgt_lang": TEXT, "source_field": TEXT, "text_field": TEXT, "target_fields": AnyOf((TEXT, ListOf(TEXT, min_length=1))),
     "num_train": COUNT, "num_valid": COUNT, "num_test": COUNT, "min_len": COUNT, "max_len": COUNT, "vocab_size": COUNT,
-    "seed": SEED,
+    "seed": SEED, "remove_bpe": maybe(Text(r"\S+ ", "a BPE continuation marker and its space, e.g. '@@ '")),
 }
 TASK = {
     "task.name": TEXT, "task.src_lang": TEXT, "task.tgt_lang": TEXT, "task.distilled_data": maybe(TEXT),
@@ -194,7 +196,8 @@ TASK = {
     **{f"task.nat.{k}": v for k, v in GENERATION.items()},
     "task.module.eval_decode": FLAG, "task.monitor.metric": TEXT, "task.monitor.mode": MIN_MAX,
     "task.rouge.lead": COUNT, "task.rouge.stemming": FLAG, "task.bleu.lowercase": FLAG,
-    "task.bleu.tokenize": Choice(tuple(BLEU.TOKENIZERS)),
+    "task.bleu.tokenize": Choice(tuple(BLEU.TOKENIZERS)), "task.bleu.paper": PAPER_BLEU,
+    "task.bleu.pretokenized": FLAG, "task.bleu.lang": maybe(TEXT),
     "task.adaptive.factor": Number(1), "task.adaptive.softmax_dropout": PROBABILITY,
     "task.adaptive.cutoffs": ListOf(COUNT), "task.adaptive.input": FLAG, "task.adaptive.softmax": FLAG,
 }
@@ -247,7 +250,7 @@ GENERATE = {
     **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "max_tokens": COUNT,
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,
     "split": TEXT, "device": TEXT, "output": TEXT, "ckpt_path": TEXT, "input": maybe(TEXT),
-    "reference": maybe(TEXT), "distill_dir": maybe(TEXT),
+    "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
     **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)
 }
 # Keys no rule types, and why: each is checked where it is read (with its own seqmix error) or is Hydra's

@@ -211,12 +211,32 @@ def find_split_file(directory: Path, split: str, name: str, pattern: str) -> Pat
     )
 
 
-class LocalParallelSource:
-    """Plain or gzipped line-aligned text files, e.g. ``train.en`` / ``train.de.gz``."""
+def remove_bpe(line: str, marker: str) -> str:
+    """``line`` with subword continuations joined: every ``marker`` (e.g. subword-nmt's ``"@@ "``) removed, a
+    marker's non-space part also at the end of the line (``"lau@@ fen gut@@"`` -> ``"laufen gut"``)."""
+    text = (line + " ").replace(marker, "")
+    return text[:-1] if text.endswith(" ") else text
 
-    def __init__(self, path: str, src_lang: str, tgt_lang: str, pattern: str = "{split}.{lang}"):
+
+def check_bpe_marker(marker: str | None) -> str | None:
+    if marker is not None and (not isinstance(marker, str) or not marker.strip() or marker[-1] != " "):
+        raise SeqmixError(f"remove_bpe={marker!r} must be the BPE continuation marker followed by its space, e.g. "
+                          "task.data.source.remove_bpe='@@ ', or null for text without BPE")
+    return marker
+
+
+class LocalParallelSource:
+    """Plain or gzipped line-aligned text files, e.g. ``train.en`` / ``train.de.gz``.
+
+    ``remove_bpe``: the files are BPE-split with this continuation marker (``"@@ "`` in fairseq's prepared data such
+    as prepare-iwslt14.sh's): it is removed as lines are read, so everything downstream (seqmix's own tokenizer,
+    references, scoring) sees the words, never BPE on BPE."""
+
+    def __init__(self, path: str, src_lang: str, tgt_lang: str, pattern: str = "{split}.{lang}",
+                 remove_bpe: str | None = None):
         self.path = Path(os.path.expanduser(str(path)))
         self.src_lang, self.tgt_lang, self.pattern = src_lang, tgt_lang, pattern
+        self.remove_bpe = check_bpe_marker(remove_bpe)
 
     def _require_dir(self) -> None:
         if not self.path.is_dir():
@@ -259,14 +279,19 @@ class LocalParallelSource:
             if not src:
                 return
             done += len(src)
+            if self.remove_bpe:
+                src, tgt = ([remove_bpe(line, self.remove_bpe) for line in side] for side in (src, tgt))
             yield ParallelCorpus(src, tgt)
 
     def read(self, split: str) -> ParallelCorpus:
         return concat_chunks(ParallelCorpus, self.iter_chunks(split))
 
     def fingerprint(self, split: str) -> str:
-        """sha256 of the two files' bytes: cheaper than hashing decoded text, and enough to key caches."""
+        """sha256 of the two files' bytes (and of ``remove_bpe`` when set): cheaper than hashing decoded text, and
+        enough to key caches."""
         h = hashlib.sha256()
+        if self.remove_bpe:
+            h.update(f"remove_bpe\0{self.remove_bpe}\0".encode())
         for lang in (self.src_lang, self.tgt_lang):
             h.update(f"{lang}\0".encode())
             hash_file(self._file(split, lang), h)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 
 import torch
 from torch import Tensor, nn
@@ -13,7 +12,7 @@ from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
 from seqmix.generation.options import BeamOptions, overridden
-from seqmix.metrics import BleuOptions, corpus_bleu
+from seqmix.metrics import BleuOptions, corpus_bleu, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
 from seqmix.tasks.losses import label_smoothed_nll_loss
@@ -94,10 +93,17 @@ class TranslationTask(SeqmixTask):
         return list(zip(hyps, iterations or [None] * len(hyps)))
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
-        """Corpus BLEU against the first reference of each example (translation data has one)."""
-        result = corpus_bleu(hypotheses, [refs[0] for refs in references], **asdict(self.bleu))
-        return Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
-                      metrics={"bleu": result.score})
+        """Corpus BLEU against the first reference of each example (translation data has one): sacreBLEU (the
+        headline, ``bleu``), then each of the papers' BLEU that ``task.bleu.paper`` names (``bleu_paper``...)."""
+        refs, options = [r[0] for r in references], self.bleu
+        result = corpus_bleu(hypotheses, refs, tokenize=options.tokenize, lowercase=options.lowercase)
+        report = Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
+                        metrics={"bleu": result.score})
+        for name, kind in options.paper_metrics().items():
+            paper = paper_bleu(hypotheses, refs, kind, options.lang, options.pretokenized)
+            report.details.append(f"paper BLEU: {paper}")
+            report.metrics[name] = paper.score
+        return report
 
     def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],
                         iterations: list[int] | None = None, **overrides) -> Report:
