@@ -90,3 +90,60 @@ def fake_scontrol(folder: Path) -> tuple[Path, Path, Path]:
                       f'[ "$code" = 0 ] || echo "scontrol: error: denied" >&2\nexit $code\n')
     script.chmod(0o755)
     return bin_dir, calls, status
+
+
+class FileServer:
+    """A loopback HTTP server (port 0) serving ``files`` ({URL path: bytes}) with Range requests, in a thread: the
+    download tests' stand-in for a corpus's host. ``requests`` records (path, Range header) of each GET;
+    ``honour_range=False`` makes it answer every request with the whole file, as some servers do; ``cut_after=N``
+    makes the next response stop after N bytes of its body (the connection drops), once."""
+
+    def __init__(self, files: dict[str, bytes]):
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.files, self.requests, self.honour_range, self.cut_after = dict(files), [], True, None
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _range_handler(self))
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _range_handler(server: FileServer):
+    import re
+    from http.server import BaseHTTPRequestHandler
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            asked = self.headers.get("Range")
+            server.requests.append((self.path, asked))
+            body = server.files.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            found = re.fullmatch(r"bytes=(\d+)-", asked or "") if server.honour_range else None
+            start = int(found.group(1)) if found else 0
+            if start >= len(body) and found:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206 if found else 200)
+            if found:
+                self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            self.send_header("Content-Length", str(len(body) - start))
+            self.end_headers()
+            cut, server.cut_after = server.cut_after, None
+            self.wfile.write(body[start:] if cut is None else body[start:start + cut])
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    return Handler

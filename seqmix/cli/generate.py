@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.config.build import load_task
+from seqmix.config.download import suggest_download
 from seqmix.config.schema import check_generate_config
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
@@ -63,7 +64,8 @@ def read_inputs(cfg: DictConfig, train_cfg: DictConfig) -> tuple[list[str], list
         raise SeqmixError(f"task {train_cfg.task.name} has no '{cfg.split}' split; choose split= one of {have} "
                           "or pass input=<file>")
     source_cfg = OmegaConf.merge(train_cfg.task.data.source, cfg.data or {})
-    corpus = instantiate(source_cfg).read(split_name)
+    with suggest_download(train_cfg.task):
+        corpus = instantiate(source_cfg).read(split_name)
     return corpus.inputs(), corpus.reference_sets()
 
 

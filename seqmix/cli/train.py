@@ -14,6 +14,7 @@ from omegaconf import DictConfig, open_dict
 
 from seqmix.cli.common import module_summary, output_dir_of
 from seqmix.config.build import build_task, model_from_config, to_container
+from seqmix.config.download import suggest_download
 from seqmix.config.mixer_group import settle_mixer_choice
 from seqmix.config.runtime import job_overrides
 from seqmix.config.schema import check_train_config
@@ -63,6 +64,14 @@ def finish_wandb() -> None:
             wandb.finish()
 
 
+def data_for_fitting(cfg: DictConfig):
+    """The task's data module, set up to fit; files it misses that `download=true` fetches say so in one line."""
+    with suggest_download(cfg.task, job_overrides()):
+        datamodule = instantiate(cfg.task.data, _convert_="all")
+        datamodule.setup("fit")
+    return datamodule
+
+
 def train(cfg: DictConfig) -> float | None:
     """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps), with run_test=false
     its best validation score, or None."""
@@ -80,8 +89,7 @@ def train(cfg: DictConfig) -> float | None:
         resume_from = check_resumable(cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = instantiate(cfg.task.data, _convert_="all")
-    datamodule.setup("fit")
+    datamodule = data_for_fitting(cfg)
     task = build_task(cfg, datamodule.tokenizer)
     if resume_from is not None:
         check_fits(task, resume_from, f"ckpt_path={cfg.ckpt_path}")

@@ -1,5 +1,5 @@
-"""OmegaConf resolvers used by conf/: the project root, wandb's online/offline choice, tags and group, and the CPU
-recipes' precision."""
+"""OmegaConf resolvers used by conf/: the project root, the data folder, wandb's online/offline choice, tags and
+group, and the CPU recipes' precision."""
 
 from __future__ import annotations
 
@@ -16,6 +16,20 @@ from seqmix.training.preemption import slurm_job_folder
 
 def project_root() -> str:
     return str(paths.project_root())
+
+
+def data_dir() -> str:
+    """``paths.data_dir``: $SEQMIX_DATA_DIR when set; else ``../shared/data`` beside the project when it exists (this
+    project's CI data); else a per-user folder, ``$XDG_CACHE_HOME/seqmix/data`` (``~/.cache/seqmix/data``), where
+    ``python preprocess.py task=<task> download=true`` puts the corpora."""
+    if os.environ.get("SEQMIX_DATA_DIR"):
+        return os.environ["SEQMIX_DATA_DIR"]
+    shared = f"{paths.project_root()}/../shared/data"
+    if Path(shared).is_dir():
+        return shared
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    cache = Path(cache) if Path(cache).is_absolute() else Path.home() / ".cache"  # a relative one is invalid (XDG)
+    return str(cache / "seqmix" / "data")
 
 
 def wandb_offline() -> bool:
@@ -79,6 +93,7 @@ def cpu_training_precision() -> str:
 
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("seqmix_root", project_root, replace=True)
+    OmegaConf.register_new_resolver("seqmix_data_dir", data_dir, replace=True)
     OmegaConf.register_new_resolver("seqmix_wandb_offline", wandb_offline, replace=True)
     OmegaConf.register_new_resolver("seqmix_run_tags", run_tags, replace=True)
     OmegaConf.register_new_resolver("seqmix_run_group", run_group, replace=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 from sacrebleu import BLEU
 
+from seqmix.data.fetch import CORPORA
 from seqmix.data.lm_blocks import BREAK_MODES
 from seqmix.data.tokenizer import TOKENIZER_KINDS
 from seqmix.errors import SeqmixError
@@ -182,6 +183,7 @@ DATA_SOURCE = {
 }
 TASK = {
     "task.name": TEXT, "task.src_lang": TEXT, "task.tgt_lang": TEXT, "task.distilled_data": maybe(TEXT),
+    "task.download": maybe(Choice(tuple(CORPORA))),
     "task.vocab_size": COUNT, "task.data.max_tokens": COUNT, "task.data.max_tokens_valid": maybe(COUNT),
     "task.data.max_sentences": maybe(COUNT), "task.data.num_workers": COUNT0, "task.data.chunk_size": COUNT,
     "task.data.truncate_source": maybe(COUNT), "task.data.tokens_per_sample": COUNT, "task.data.eval_context": COUNT0,
@@ -246,6 +248,7 @@ TRAIN = {
     "scheduler.patience": COUNT0, "scheduler.threshold": NONNEGATIVE, "scheduler.monitor": TEXT,
     **TRAINER, **CALLBACKS, **LOGGER, **MODEL, **TASK,
 }
+PREPROCESS = {**TASK, "download": FLAG}  # preprocess.py reads the task (and download) of the train.yaml it composes
 GENERATE = {
     **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "max_tokens": COUNT,
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,

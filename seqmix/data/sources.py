@@ -196,18 +196,31 @@ def require_lines(lines: Iterable[str], path: Path, unit: str = "one sentence pe
         raise SeqmixError(f"{path} is empty; it must hold {unit}")
 
 
+class DataNotFound(SeqmixError):
+    """A local source's folder, or a split file in it, is missing: ``folder`` and the file ``name`` it looked for
+    (the commands add how to download a task's corpus, seqmix.config.download)."""
+
+    def __init__(self, message: str, folder: Path, name: str) -> None:
+        super().__init__(message)
+        self.folder, self.name = Path(folder), name
+
+    def __reduce__(self):
+        return type(self), (str(self), self.folder, self.name)
+
+
 def find_split_file(directory: Path, split: str, name: str, pattern: str) -> Path:
     """``directory/name`` or ``name.gz`` (plain preferred), else an error listing what is there."""
     if not directory.is_dir():
-        raise SeqmixError(f"data directory {str(directory)!r} does not exist; set task.data.source.path=<directory "
-                          f"holding {name} and the other split files>")
+        raise DataNotFound(f"data directory {str(directory)!r} does not exist; set task.data.source.path=<directory "
+                           f"holding {name} and the other split files>", directory, name)
     for candidate in (directory / name, directory / (name + ".gz")):
         if candidate.is_file():
             return candidate
     present = sorted(p.name for p in directory.iterdir()) or ["(no files)"]
-    raise SeqmixError(
+    raise DataNotFound(
         f"split {split!r} needs {name} (or {name}.gz) in {directory}, which holds: {', '.join(present)}; "
-        f"fix the split name in task.data.splits or the file name pattern task.data.source.pattern={pattern!r}"
+        f"fix the split name in task.data.splits or the file name pattern task.data.source.pattern={pattern!r}",
+        directory, name,
     )
 
 
@@ -241,10 +254,14 @@ class LocalParallelSource:
     def _require_dir(self) -> None:
         if not self.path.is_dir():
             example = self.pattern.format(split="train", lang=self.src_lang)
-            raise SeqmixError(
+            raise DataNotFound(
                 f"data directory {str(self.path)!r} does not exist; set task.data.source.path=<directory holding "
-                f"{example} and the other split files>"
+                f"{example} and the other split files>", self.path, example,
             )
+
+    def file_names(self, split: str) -> list[str]:
+        """The files (each plain, or gzipped with ``.gz`` added) that ``split`` reads from ``path``."""
+        return [self.pattern.format(split=split, lang=lang) for lang in (self.src_lang, self.tgt_lang)]
 
     def _file(self, split: str, lang: str) -> Path:
         """The split file, plain preferred over ``.gz`` when both exist."""

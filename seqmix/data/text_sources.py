@@ -55,6 +55,10 @@ class LocalTextSource:
         self.path = Path(os.path.expanduser(str(path)))
         self.pattern = pattern
 
+    def file_names(self, split: str) -> list[str]:
+        """The file (plain, or gzipped with ``.gz`` added) that ``split`` reads from ``path``."""
+        return [self.pattern.format(split=split)]
+
     def _file(self, split: str) -> Path:
         return find_split_file(self.path, split, self.pattern.format(split=split), self.pattern)
 
