@@ -41,6 +41,8 @@ def test_distil_train_disco_and_decode(tmp_path):
                               "algorithm=mask_predict", "max_iterations=3"], tmp_path / "decode")
     assert dec.returncode == 0, describe(dec)
     assert "average iterations: 3.00" in dec.stdout and "sacreBLEU: nrefs:1" in dec.stdout, describe(dec)
+    line = next(x for x in dec.stdout.splitlines() if x.startswith("decoding: "))  # the settings it used
+    assert "iterative algorithm=mask_predict" in line and "max_iterations=3" in line, line
     hyps = Path(next(x for x in dec.stdout.splitlines() if x.startswith("hypotheses: ")).split(": ")[1])
     assert len(hyps.read_text().splitlines()) == 40
 

@@ -26,6 +26,21 @@ def test_default_train_fast_variant(tmp_path):
     assert any("parameters: " in line for line in proc.stdout.splitlines())
 
 
+def test_dry_run_leaves_no_run_folder_but_keeps_a_folder_with_files(tmp_path):
+    """dry_run=true only prints the model: Hydra's run folder (.hydra/, an empty log) and the runs/ folder it made
+    go; a run folder given with hydra.run.dir that already holds something stays."""
+    logs = tmp_path / "logs"
+    proc = run("train.py", ["dry_run=true"], logs)
+    assert proc.returncode == 0 and "parameters: " in proc.stdout, describe(proc)
+    assert list(logs.iterdir()) == [], sorted(logs.rglob("*"))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine\n")
+    proc = run("train.py", ["dry_run=true", f"hydra.run.dir={kept}"], logs)
+    assert proc.returncode == 0, describe(proc)
+    assert (kept / "notes.txt").read_text() == "mine\n" and (kept / ".hydra" / "config.yaml").is_file()
+
+
 def test_resume_continues_steps_lr_and_optimizer(tmp_path):
     first = run("train.py", [*TINY, "trainer.max_steps=6", "trainer.max_epochs=-1", "run_test=false",
                              "trainer.limit_val_batches=1", "scheduler.warmup_updates=100"], tmp_path / "a")

@@ -97,6 +97,9 @@ CASES = [
          ("model=dynamicconv_smal", "did you mean dynamicconv_small", "choose one of")),
     Case("unknown mixer choice", "train.py", lambda m: ["mixer=no_such_mixer"],
          ("mixer=no_such_mixer", "choose one of", "lightconv")),
+    # issue 35: the choice was silently ignored (ConvS2S has no mixer-group layers)
+    Case("a mixer choice with a ConvS2S model", "train.py", lambda m: ["model=convs2s_small", "mixer=lightconv"],
+         ("mixer=lightconv does nothing with model=convs2s_small", "GLU", "model=transformer_small mixer=lightconv")),
     Case("misspelled key", "train.py", lambda m: [*TINY, "trainer.max_epoch=3"],
          ("trainer.max_epoch", "did you mean trainer.max_epochs", "+trainer.max_epoch=3")),
     Case("override that does not parse", "train.py", lambda m: [*TINY, "trainer.max_epochs=["],
@@ -135,6 +138,10 @@ CASES = [
          ("nonfinite='ignore': must be one of ['raise', 'skip']",)),
     # --- the data -------------------------------------------------------------------------------------------
     Case("missing data folder", "train.py", data_run("nowhere"), ("nowhere", "task.data.source.path")),
+    Case("a load_from_disk folder that does not exist", "train.py",
+         lambda m: ["task=wmt_ende", f"task.data.source.load_from_disk={m / 'no_saved_dataset'}", "logger=csv",
+                    "~callbacks.progress_bar"],
+         ("load_from_disk=", "no_saved_dataset: that local folder does not exist", "save_to_disk")),
     Case("misaligned data files", "train.py", data_run("misaligned"), ("has 200 lines", "has 199")),
     Case("empty data files", "train.py", data_run("empty"), ("empty",)),
     Case("data file that is not UTF-8", "train.py", data_run("not_utf8"), ("not UTF-8", "line 2")),

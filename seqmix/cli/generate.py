@@ -118,6 +118,16 @@ def set_paper_bleu(task, kinds) -> None:
     task.bleu = replace(task.bleu, paper=OmegaConf.to_container(kinds) if OmegaConf.is_list(kinds) else kinds)
 
 
+def print_decoding_settings(task, overrides: dict, stream) -> None:
+    """One line: what the task decodes with, and which of it the command line set (the rest is the checkpoint's
+    task settings). On stderr for input=-, whose stdout holds only the outputs."""
+    settings = task.decoding_settings(**overrides)
+    if not settings:
+        return
+    given = f"; from the command line: {', '.join(overrides)}" if overrides else ""
+    print(f"decoding: {settings} (the checkpoint's task settings{given})", file=stream, flush=True)
+
+
 def generate(cfg: DictConfig) -> float | None:
     check_generate_config(cfg)
     task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
@@ -128,6 +138,7 @@ def generate(cfg: DictConfig) -> float | None:
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     set_paper_bleu(task, cfg.get("paper_bleu"))
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
+    print_decoding_settings(task, overrides, sys.stderr if cfg.input == "-" else sys.stdout)
     if cfg.get("max_sentences"):
         if "max_sentences" not in inspect.signature(task.evaluate_texts).parameters:
             raise SeqmixError(f"max_sentences= does not apply to {type(task).__name__}")

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, open_dict
 
-from seqmix.cli.common import module_summary, output_dir_of
+from seqmix.cli.common import module_summary, output_dir_of, remove_empty_run_folder
 from seqmix.config.build import build_task, model_from_config, to_container
 from seqmix.config.download import suggest_download
 from seqmix.config.mixer_group import settle_mixer_choice
@@ -36,11 +36,13 @@ log = logging.getLogger("seqmix")
 
 
 def dry_run(cfg: DictConfig) -> int:
-    """Build the model from the config alone (vocabulary size from task.vocab_size) and report its size."""
+    """Build the model from the config alone (vocabulary size from task.vocab_size) and report its size; nothing
+    is run, so no run folder is left."""
     model = model_from_config(cfg)
     n = count_parameters(model)
     print(module_summary(model))
     print(f"parameters: {n}")
+    remove_empty_run_folder(cfg)
     return n
 
 

@@ -86,6 +86,9 @@ def task_options(cls: type, cfg: DictConfig) -> dict:
     if not issubclass(cls, TranslationTask):
         return {}
     options = {"label_smoothing": cfg.label_smoothing, "generation": from_config(cfg, "generation", BeamOptions)}
+    eval_generation = cfg.task.get("eval_generation")
+    if eval_generation:
+        options["eval_generation"] = OmegaConf.to_container(eval_generation, resolve=True)
     if issubclass(cls, SummarizationTask):
         options.update(rouge=from_config(cfg, "rouge", RougeOptions),
                        truncate_source=cfg.task.data.get("truncate_source"))

@@ -16,6 +16,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from seqmix.config.paths import conf_dir
+from seqmix.config.runtime import job_overrides
 from seqmix.errors import SeqmixError
 from seqmix.mixers.base import TokenMixer
 
@@ -56,11 +57,34 @@ def mixer_factory(name: str, extra_conf_dirs: Iterable[str | Path] = (), **optio
     return instantiate(cfg)
 
 
+def _takes_group_mixers(model: DictConfig | None) -> bool:
+    """Whether either side of the model config holds a group mixer (``mixer``) or a hybrid legend: ConvS2S holds
+    neither, its presets switch both sides' ``mixer@`` entries off."""
+    sides = [(model or {}).get(side) for side in ("encoder", "decoder")]
+    return any(isinstance(s, DictConfig) and ("mixer" in s or "legend" in s) for s in sides)
+
+
+def _mixer_given(overrides: list[str]) -> str | None:
+    """The command line's ``mixer=<name>`` (also ``+mixer=``/``++mixer=``), or None."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "mixer" and value:
+            return value
+    return None
+
+
 def settle_mixer_choice(cfg: DictConfig) -> None:
     """Drop the composed top-level ``mixer`` node: it only names the choice both sides start from, so an option
-    set there (``mixer.kernel_size=...``) would change nothing. Say so instead of ignoring it."""
+    set there (``mixer.kernel_size=...``) would change nothing, and neither would ``mixer=<name>`` with a model
+    whose layers are no group mixers (ConvS2S). Say so instead of ignoring it."""
     if "mixer" not in cfg:
         return
+    given = _mixer_given(job_overrides())
+    if given is not None and "model" in cfg and not _takes_group_mixers(cfg.model):
+        name = cfg.model.get("name", "this model")
+        raise SeqmixError(f"mixer={given} does nothing with model={name}: ConvS2S has its own gated convolution "
+                          "(GLU) blocks, no mixer-group layers; drop mixer= or pick a model with mixers, e.g. "
+                          f"model=transformer_small mixer={given}")
     choice = HydraConfig.get().runtime.choices.get("mixer") if HydraConfig.initialized() else None
     if choice is not None and (conf_dir() / "mixer" / f"{choice}.yaml").is_file():
         changed = sorted(k for k, v in cfg.mixer.items() if mixer_config(choice).get(k) != v)

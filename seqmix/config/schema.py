@@ -196,6 +196,7 @@ TASK = {
     **{f"task.data.source.{k}": v for k, v in DATA_SOURCE.items()},
     **{f"task.generation.{k}": v for k, v in GENERATION.items()},
     **{f"task.nat.{k}": v for k, v in GENERATION.items()},
+    **{f"task.eval_generation.{k}": v for k, v in GENERATION.items()},
     "task.module.eval_decode": FLAG, "task.monitor.metric": TEXT, "task.monitor.mode": MIN_MAX,
     "task.rouge.lead": COUNT, "task.rouge.stemming": FLAG, "task.bleu.lowercase": FLAG,
     "task.bleu.tokenize": Choice(tuple(BLEU.TOKENIZERS)), "task.bleu.paper": PAPER_BLEU,

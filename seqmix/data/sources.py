@@ -371,20 +371,38 @@ class HFParallelSource:
             return self._splits
         import datasets
 
+        if self.load_from_disk:
+            loaded = self._load_saved(datasets)
+        else:
+            loaded = self._load_named(datasets)
+        if isinstance(loaded, datasets.Dataset):  # a bare Dataset was saved: treat it as the train split
+            loaded = datasets.DatasetDict({"train": loaded})
+        self._splits = loaded
+        return loaded
+
+    def _load_saved(self, datasets):
+        """A local ``save_to_disk`` folder: its errors are about that folder, never the hub."""
+        where = f"task.data.source.load_from_disk={self.load_from_disk}"
+        if not Path(self.load_from_disk).is_dir():
+            raise SeqmixError(f"{where}: that local folder does not exist; write it once with datasets' "
+                              "save_to_disk (load_dataset(...).save_to_disk(<folder>)) or fix the path")
         try:
-            if self.load_from_disk:
-                loaded = datasets.load_from_disk(self.load_from_disk)
-            elif self.streaming:  # what load_dataset(..., streaming=True) does, keeping the builder
+            return datasets.load_from_disk(self.load_from_disk)
+        except Exception as e:  # a folder that holds no saved dataset, or a damaged one
+            raise SeqmixError(f"{where}: could not load a dataset from that folder ({type(e).__name__}: {e}); it "
+                              "must be a folder written by datasets' save_to_disk") from e
+
+    def _load_named(self, datasets):
+        try:
+            if self.streaming:  # what load_dataset(..., streaming=True) does, keeping the builder
                 self._builder = datasets.load_dataset_builder(
                     self.name, self.config, data_files=self.data_files, cache_dir=self.cache_dir,
                     revision=self.revision,
                 )
-                loaded = self._builder.as_streaming_dataset()
-            else:
-                loaded = datasets.load_dataset(
-                    self.name, self.config, data_files=self.data_files, cache_dir=self.cache_dir,
-                    revision=self.revision,
-                )
+                return self._builder.as_streaming_dataset()
+            return datasets.load_dataset(
+                self.name, self.config, data_files=self.data_files, cache_dir=self.cache_dir, revision=self.revision,
+            )
         except Exception as e:  # the library raises many types (ConnectionError, FileNotFoundError, ValueError...)
             raise SeqmixError(
                 f"could not load {self._describe()}: {type(e).__name__}: {e}. The hub may be unreachable "
@@ -392,10 +410,6 @@ class HFParallelSource:
                 f"task.data.source.load_from_disk=<directory written by save_to_disk>, or point task.data.source.data_files "
                 f"at local json/csv/parquet files (HF_DATASETS_OFFLINE=1 skips the network retries)"
             ) from e
-        if isinstance(loaded, datasets.Dataset):  # a bare Dataset was saved: treat it as the train split
-            loaded = datasets.DatasetDict({"train": loaded})
-        self._splits = loaded
-        return loaded
 
     def available_splits(self) -> list[str]:
         return sorted(self._load().keys())

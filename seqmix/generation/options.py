@@ -68,6 +68,11 @@ def option_names(options) -> list[str]:
     return [f.name for f in fields(options)]
 
 
+def settings_text(options) -> str:
+    """``name=value`` for every field: what a decoder runs with, as a user would pass it to generate.py."""
+    return " ".join(f"{name}={getattr(options, name)}" for name in option_names(options))
+
+
 def overridden(options: Options, overrides: dict, applies_to: str) -> Options:
     """``options`` with the non-None ``overrides`` replacing fields; a name that is no field is a user error."""
     given = {k: v for k, v in overrides.items() if v is not None}

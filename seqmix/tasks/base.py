@@ -287,6 +287,12 @@ class SeqmixTask(L.LightningModule, ABC):
                        **settings) -> tuple[list[str] | None, Report | None]:
         """``generate.py``: (one output line per source, or None) and a report when it can be scored."""
 
+    def decoding_settings(self, **settings) -> str:
+        """One line of what ``evaluate_texts`` runs with under ``settings`` (the task's own, each given one
+        replacing its value; ``generate.py`` prints it); an unknown setting is the user error ``evaluate_texts``
+        raises."""
+        return ""
+
     # --- checkpoints ---------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict:
         """What ``seqmix.config.build.load_task`` rebuilds the task from: the run config and the tokenizer."""

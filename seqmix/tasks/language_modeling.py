@@ -47,6 +47,11 @@ class LanguageModelingTask(SeqmixTask):
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report:
         return self._report(nll, ntokens, self.eval_context)
 
+    def decoding_settings(self, eval_context: int | None = None, **_) -> str:
+        context = self.eval_context if eval_context is None else int(eval_context)
+        return (f"perplexity tokens_per_sample={self.tokens_per_sample} break_mode={self.break_mode} "
+                f"eval_context={context}")
+
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references=None, max_tokens: int = 8000,
                        eval_context: int | None = None, **_) -> tuple[None, Report]:

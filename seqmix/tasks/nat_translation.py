@@ -15,13 +15,13 @@ from torch import Tensor, nn
 from seqmix.errors import SeqmixError
 from seqmix.generation.decode import Translate, nat_translator
 from seqmix.generation.nat_decoding import IterativeDecoder
-from seqmix.generation.options import BeamOptions, NATOptions, overridden
+from seqmix.generation.options import BeamOptions, NATOptions, overridden, settings_text
 from seqmix.metrics import BleuOptions
 from seqmix.tasks.base import Report
 from seqmix.tasks.losses import label_smoothed_nll_loss
 from seqmix.tasks.translation import TranslationTask
 
-# generate.yaml always passes beam_size (autoregressive beam); it has no meaning here and is ignored.
+# beam_size= (the autoregressive beam) has no meaning here: ignored, and generate.py's settings line says so.
 IGNORED_OPTIONS = ("beam_size",)
 
 
@@ -31,9 +31,10 @@ class NonAutoregressiveTranslationTask(TranslationTask):
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  label_smoothing: float = 0.1, generation: BeamOptions | None = None, bleu: BleuOptions | None = None,
-                 eval_decode: bool = True, run_config: dict | None = None, nat: NATOptions | None = None) -> None:
+                 eval_decode: bool = True, run_config: dict | None = None, nat: NATOptions | None = None,
+                 eval_generation: dict | None = None) -> None:
         super().__init__(model, tokenizer, optimizer, scheduler, label_smoothing, generation, bleu, eval_decode,
-                         run_config)
+                         run_config, eval_generation=eval_generation)
         for name, ours, theirs in (("eos", model.eos, tokenizer.eos), ("pad", model.padding_idx, tokenizer.pad)):
             if ours != theirs:
                 raise SeqmixError(f"model {name} id {ours} differs from the tokenizer's {theirs}")
@@ -69,6 +70,13 @@ class NonAutoregressiveTranslationTask(TranslationTask):
 
     def translator(self, **overrides) -> Translate:
         return nat_translator(self.model, self.nat_decoder(**overrides), self.compile_decoding)
+
+    def decoding_settings(self, **overrides) -> str:
+        gen = self.generation
+        text = (f"iterative {settings_text(self.nat_options(**overrides))} max_len_a={gen.max_len_a} "
+                f"max_len_b={gen.max_len_b}")
+        ignored = [k for k in IGNORED_OPTIONS if overrides.get(k) is not None]
+        return text + (f" ({', '.join(ignored)} does not apply)" if ignored else "")
 
     # --- evaluation ----------------------------------------------------------------------------
     def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],

@@ -11,7 +11,7 @@ from seqmix.data import PairDataset
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
-from seqmix.generation.options import BeamOptions, overridden
+from seqmix.generation.options import BeamOptions, overridden, settings_text
 from seqmix.metrics import BleuOptions, corpus_bleu, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
@@ -23,13 +23,17 @@ class TranslationTask(SeqmixTask):
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  label_smoothing: float = 0.1, generation: BeamOptions | None = None, bleu: BleuOptions | None = None,
-                 eval_decode: bool = True, run_config: dict | None = None, fused_loss: bool = False) -> None:
+                 eval_decode: bool = True, run_config: dict | None = None, fused_loss: bool = False,
+                 eval_generation: dict | None = None) -> None:
         super().__init__(model, tokenizer, optimizer, scheduler, run_config)
         self.label_smoothing = label_smoothing
         self.fused_loss = fused_loss  # project + loss in row chunks (seqmix.tasks.fused_loss) when the model can
         self.generation = generation or BeamOptions()
         self.bleu = bleu or BleuOptions()
         self.eval_decode = eval_decode  # decode and score at every validation too (the final test always does)
+        # validation's own decoding options (e.g. greedy, cheap during training), as fairseq's --eval-bleu-args; the
+        # test, generate.py and the checkpoint's users decode with ``generation`` itself
+        self.eval_generation = dict(eval_generation or {})
 
     @property
     def decoder_start(self) -> int:
@@ -68,9 +72,13 @@ class TranslationTask(SeqmixTask):
         return self.model.decode_features(prev_output_tokens, self.model.encode(src_tokens))
 
     # --- decoding ------------------------------------------------------------------------------
+    def beam_options(self, **overrides) -> BeamOptions:
+        """``task.generation`` with ``overrides`` (beam options such as beam_size) replacing its fields."""
+        return overridden(self.generation, overrides, f"{type(self).__name__}'s beam search")
+
     def beam_search(self, **overrides) -> BeamSearch:
         """The task's beam search (``task.generation``) with ``overrides`` (beam options such as beam_size)."""
-        options = overridden(self.generation, overrides, f"{type(self).__name__}'s beam search")
+        options = self.beam_options(**overrides)
         tok = self.tokenizer
         return BeamSearch(tok.bos, tok.eos, tok.pad, options,
                           max_target_positions=getattr(self.model, "max_target_positions", None),
@@ -80,6 +88,9 @@ class TranslationTask(SeqmixTask):
         """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""
         return beam_translator(self.model, self.beam_search(**overrides), self.compile_decoding)
 
+    def decoding_settings(self, **overrides) -> str:
+        return f"beam search {settings_text(self.beam_options(**overrides))}"
+
     # --- evaluation ----------------------------------------------------------------------------
     def _decoding(self) -> bool:
         return self.eval_decode or self.trainer.testing
@@ -88,7 +99,7 @@ class TranslationTask(SeqmixTask):
         """(hypothesis, decoder passes or None) per example."""
         if not self._decoding():
             return []
-        tokens, iterations = self.translator()(batch["src_tokens"])
+        tokens, iterations = self.translator(**({} if self.trainer.testing else self.eval_generation))(batch["src_tokens"])
         hyps = [self.tokenizer.decode(t) if t is not None else "" for t in tokens]
         return list(zip(hyps, iterations or [None] * len(hyps)))
 

@@ -175,6 +175,19 @@ def test_hf_offline_failure_says_what_to_do(tmp_path):
     assert "no-such-dataset" in msg and "unreachable" in msg and "load_from_disk" in msg and "data_files" in msg
 
 
+def test_hf_load_from_disk_errors_are_about_the_local_folder_not_the_hub(tmp_path):
+    """A load_from_disk folder is local: its errors say the folder is missing (or holds no saved dataset) and how
+    one is written, not that the hub may be unreachable."""
+    (tmp_path / "not_saved").mkdir()
+    (tmp_path / "not_saved" / "notes.txt").write_text("x\n")
+    for folder, needle in (("missing", "that local folder does not exist"), ("not_saved", "could not load a dataset")):
+        with pytest.raises(SeqmixError) as err:
+            HFParallelSource(None, "en", "de", load_from_disk=str(tmp_path / folder)).read("train")
+        msg = str(err.value)
+        assert f"load_from_disk={tmp_path / folder}" in msg and needle in msg and "save_to_disk" in msg, msg
+        assert "hub" not in msg and "unreachable" not in msg, msg
+
+
 def test_hf_needs_a_dataset():
     with pytest.raises(SeqmixError, match="load_from_disk"):
         HFParallelSource(None, "en", "de")
