@@ -52,17 +52,36 @@ checkpoints = st.one_of(st.just("good.ckpt"), paths)
 inputs = st.one_of(st.just("text.txt"), paths)
 outputs = st.one_of(st.just("fresh.txt"), paths)  # fresh: a new file in a new folder
 wrong_values = st.sampled_from(["0", "-1", "abc", "''", "nan", "[1]", "null", "true", "1e30"])
-RIGHT_VALUES = {"beam_size": ["1", "2", "5"], "average_last": ["0", "1"], "max_tokens": ["64", "8000"],
-                "len_penalty": ["0.5", "1.0", "2"], "optim.lr": ["1e-3", "5e-4"], "seed": ["0", "7"],
-                "trainer.val_check_interval": ["1", "2", "0.5", "100000"], "task.data.max_tokens": ["64", "512"],
-                "label_smoothing": ["0.0", "0.2"], "trainer.gradient_clip_val": ["0.1", "null"]}
 
 
-def value_of(draw, key: str) -> str:
-    return draw(st.sampled_from(RIGHT_VALUES[key])) if draw(st.booleans()) else draw(wrong_values)
+def number(*right: str):
+    """A number slot: one of ``right`` half the time, else a wrong value."""
+    return st.one_of(st.sampled_from(right), wrong_values)
 
 
+def placed(paths_):
+    return paths_.map(lambda name: f"@{name}@")
+
+
+# the options each command's draw picks from (up to 2 for train.py, 3 for generate.py), and how each is filled
+TRAIN_OPTIONS = {
+    "init_from": placed(checkpoints), "ckpt_path": placed(checkpoints),
+    "resume": st.sampled_from(["never", "auto", "sometimes"]), "optim.lr": number("1e-3", "5e-4"),
+    "seed": number("0", "7"), "trainer.val_check_interval": number("1", "2", "0.5", "100000"),
+    "task.data.max_tokens": number("64", "512"), "label_smoothing": number("0.0", "0.2"),
+    "trainer.gradient_clip_val": number("0.1", "null"),
+}
+GENERATE_OPTIONS = {
+    "input": placed(inputs), "output": placed(outputs), "split": st.sampled_from(["valid", "test", "train", "bogus"]),
+    "device": st.sampled_from(["cpu", "cuda", "tpu7"]), "beam_size": number("1", "2", "5"),
+    "average_last": number("0", "1"), "max_tokens": number("64", "8000"), "len_penalty": number("0.5", "1.0", "2"),
+}
 TRAIN_BASE = [*TINY, "trainer.max_steps=3", "trainer.max_epochs=-1", "run_test=false", "trainer.limit_val_batches=1"]
+
+
+def options(draw, slots: dict, most: int) -> list[str]:
+    keys = draw(st.lists(st.sampled_from(sorted(slots)), max_size=most, unique=True))
+    return [f"{key}={draw(slots[key])}" for key in keys]
 
 
 @st.composite
@@ -70,32 +89,9 @@ def commands(draw) -> tuple[str, bool, list[str]]:
     """(script or module, is a module, arguments with @path@ placeholders for the zoo's files)."""
     kind = draw(st.sampled_from(["train", "generate", "generate", "preprocess", "report", "import", "export"]))
     if kind == "train":
-        args = [*TRAIN_BASE, "hydra.run.dir=@work@/run"]
-        for key in draw(st.lists(st.sampled_from(["init_from", "ckpt_path", "resume", *[k for k in RIGHT_VALUES if
-                                                  "." in k or k in ("seed", "label_smoothing")]]),
-                                 max_size=2, unique=True)):
-            if key in ("init_from", "ckpt_path"):
-                args.append(f"{key}=@{draw(checkpoints)}@")
-            elif key == "resume":
-                args.append(f"resume={draw(st.sampled_from(['never', 'auto', 'sometimes']))}")
-            else:
-                args.append(f"{key}={value_of(draw, key)}")
-        return "train.py", False, args
+        return "train.py", False, [*TRAIN_BASE, "hydra.run.dir=@work@/run", *options(draw, TRAIN_OPTIONS, 2)]
     if kind == "generate":
-        args = [f"ckpt_path=@{draw(checkpoints)}@"]
-        for key in draw(st.lists(st.sampled_from(["input", "output", "split", "beam_size", "average_last", "device",
-                                                  "max_tokens", "len_penalty"]), max_size=3, unique=True)):
-            if key == "input":
-                args.append(f"input=@{draw(inputs)}@")
-            elif key == "output":
-                args.append(f"output=@{draw(outputs)}@")
-            elif key == "split":
-                args.append(f"split={draw(st.sampled_from(['valid', 'test', 'train', 'bogus']))}")
-            elif key == "device":
-                args.append(f"device={draw(st.sampled_from(['cpu', 'cuda', 'tpu7']))}")
-            else:
-                args.append(f"{key}={value_of(draw, key)}")
-        return "generate.py", False, args
+        return "generate.py", False, [f"ckpt_path=@{draw(checkpoints)}@", *options(draw, GENERATE_OPTIONS, 3)]
     if kind == "preprocess":
         return "preprocess.py", False, ["task=multi30k_ende", "task.vocab_size=60",
                                         f"task.data.source.path=@{draw(st.one_of(st.just('folder'), paths))}@",

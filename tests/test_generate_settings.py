@@ -15,7 +15,7 @@ from seqmix.data.tokenizer import train_tokenizer
 from seqmix.generation.options import settings_text
 from seqmix.interop.fairseq import import_checkpoint, save_seqmix_checkpoint
 from tests.helpers import describe, run, run_config
-from tests.interop.fairseq_builders import cfg_container, transformer_state, write_dicts
+from tests.interop.fairseq_builders import tiny_transformer_checkpoint
 
 TINY_MODEL = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1",
               "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
@@ -72,13 +72,8 @@ def test_a_wmt_checkpoint_decodes_with_its_beam_unless_one_is_given(wmt_ckpt):
 
 @pytest.mark.slow
 def test_an_imported_fairseq_checkpoint_decodes_with_its_lenpen_unless_one_is_given(tmp_path):
+    container = tiny_transformer_checkpoint(tmp_path)
     data = tmp_path / "data"
-    data.mkdir()
-    write_dicts(data, (30, 30))
-    settings = {"arch": "transformer", "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_layers": 1,
-                "encoder_attention_heads": 2, "decoder_layers": 1, "decoder_attention_heads": 2,
-                "share_all_embeddings": True, "source_lang": "de", "target_lang": "en"}
-    container = cfg_container(settings, transformer_state(layers=(1, 1)))
     container["cfg"]["generation"] = Namespace(beam=3, lenpen=0.3, max_len_a=1.5, max_len_b=7, min_len=1)
     torch.save(container, tmp_path / "checkpoint.pt")
     import_checkpoint(tmp_path / "checkpoint.pt", data, tmp_path / "m.ckpt", moses=False)

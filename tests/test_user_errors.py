@@ -138,6 +138,9 @@ CASES = [
          ("nonfinite='ignore': must be one of ['raise', 'skip']",)),
     # --- the data -------------------------------------------------------------------------------------------
     Case("missing data folder", "train.py", data_run("nowhere"), ("nowhere", "task.data.source.path")),
+    Case("streaming a saved dataset", "train.py",
+         lambda m: ["task=wmt_ende", "task.data.source.streaming=true", f"task.data.source.load_from_disk={m / 'run'}",
+                    "logger=csv", "task.vocab_size=100"], ("streaming=true", "load_from_disk=null")),
     Case("a load_from_disk folder that does not exist", "train.py",
          lambda m: ["task=wmt_ende", f"task.data.source.load_from_disk={m / 'no_saved_dataset'}", "logger=csv",
                     "~callbacks.progress_bar"],

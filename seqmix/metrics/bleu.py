@@ -65,10 +65,12 @@ class BleuOptions:
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str], tokenize: str = "13a",
-                lowercase: bool = False) -> BleuResult:
+                lowercase: bool = False, tokenized: bool = False) -> BleuResult:
+    """``tokenized``: the text is tokenized on purpose (the papers' BLEU, IWSLT), so sacreBLEU's warning that it
+    looks tokenized is not shown at every validation."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenized)
     result = bleu.corpus_score(hypotheses, [references])
     text = str(result).split(" = ", 1)[-1]
     return BleuResult(result.score, str(bleu.get_signature()), text)
@@ -122,6 +124,6 @@ def paper_bleu(hypotheses: list[str], references: list[str], kind: str, lang: st
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     sys_tokens = paper_tokens(hypotheses, kind, lang, pretokenized)
     ref_tokens = paper_tokens(references, kind, lang, pretokenized)
-    inner = corpus_bleu(sys_tokens, ref_tokens, tokenize="none", lowercase=kind == "tokenized_lowercase")
+    inner = corpus_bleu(sys_tokens, ref_tokens, tokenize="none", lowercase=kind == "tokenized_lowercase", tokenized=True)
     name = f"BLEU ({paper_bleu_name(kind, lang, pretokenized)}; {inner.signature})"
     return BleuResult(inner.score, name, inner.text)

@@ -107,7 +107,8 @@ class TranslationTask(SeqmixTask):
         """Corpus BLEU against the first reference of each example (translation data has one): sacreBLEU (the
         headline, ``bleu``), then each of the papers' BLEU that ``task.bleu.paper`` names (``bleu_paper``...)."""
         refs, options = [r[0] for r in references], self.bleu
-        result = corpus_bleu(hypotheses, refs, tokenize=options.tokenize, lowercase=options.lowercase)
+        result = corpus_bleu(hypotheses, refs, tokenize=options.tokenize, lowercase=options.lowercase,
+                             tokenized=options.pretokenized)
         report = Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
                         metrics={"bleu": result.score})
         for name, kind in options.paper_metrics().items():

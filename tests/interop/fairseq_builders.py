@@ -194,6 +194,18 @@ def cfg_container(settings: dict, state: dict, model_as: str = "namespace") -> d
     return {"args": None, "cfg": cfg, "model": state, "optimizer_history": [], "extra_state": {}}
 
 
+def tiny_transformer_checkpoint(folder) -> dict:
+    """A 1+1-layer, 16-wide fairseq transformer de->en container (cfg style) over 30-symbol joined dictionaries
+    written in ``folder / "data"``: what the import-and-decode tests start from."""
+    data = folder / "data"
+    data.mkdir()
+    write_dicts(data, (30, 30))
+    settings = {"arch": "transformer", "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_layers": 1,
+                "encoder_attention_heads": 2, "decoder_layers": 1, "decoder_attention_heads": 2,
+                "share_all_embeddings": True, "source_lang": "de", "target_lang": "en"}
+    return cfg_container(settings, transformer_state(layers=(1, 1)))
+
+
 def write_dicts(folder, vocab: tuple[int, int], langs=("de", "en"), joined: bool | None = None) -> None:
     """dict.<lang>.txt files whose sizes (with the 4 specials) are ``vocab``: one joined dictionary written twice
     (``w<i>`` symbols; what fairseq's share_all_embeddings needs) when the sizes agree unless ``joined=False``, else

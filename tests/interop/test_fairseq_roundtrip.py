@@ -21,7 +21,7 @@ from seqmix.errors import SeqmixError
 from seqmix.interop.fairseq import export_checkpoint, import_checkpoint
 from seqmix.interop.fairseq_models import family_for_seqmix
 from tests.helpers import ROOT, run
-from tests.interop.fairseq_builders import cfg_container, transformer_state, write_dicts
+from tests.interop.fairseq_builders import tiny_transformer_checkpoint
 
 register_resolvers()
 
@@ -107,13 +107,8 @@ def test_what_fairseq_cannot_express_is_refused(overrides, needle):
 
 
 def test_import_command_and_generate_translate_raw_text(tmp_path):
+    torch.save(tiny_transformer_checkpoint(tmp_path), tmp_path / "checkpoint.pt")
     data = tmp_path / "data"
-    data.mkdir()
-    write_dicts(data, (30, 30))
-    settings = {"arch": "transformer", "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_layers": 1,
-                "encoder_attention_heads": 2, "decoder_layers": 1, "decoder_attention_heads": 2,
-                "share_all_embeddings": True, "source_lang": "de", "target_lang": "en"}
-    torch.save(cfg_container(settings, transformer_state(layers=(1, 1))), tmp_path / "checkpoint.pt")
     env_run = dict(cwd=tmp_path, capture_output=True, text=True, timeout=300)
     (tmp_path / "bpecodes").write_text("#version: 0.2\nw 1</w>\n")  # only "w1" is one piece; "w11" is w@@ 1@@ 1
     proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "checkpoint.pt"),
