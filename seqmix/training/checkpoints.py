@@ -205,10 +205,12 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
     if not paths:
         raise SeqmixError("no checkpoints to average")
     ckpts = [load_checkpoint(p) for p in paths]
-    keys = list(ckpts[-1]["state_dict"])
+    shapes = {k: tuple(v.shape) for k, v in ckpts[-1]["state_dict"].items()}
+    keys = list(shapes)
     for p, c in zip(paths, ckpts):
-        if list(c["state_dict"]) != keys:
-            raise SeqmixError(f"cannot average {p}: its parameters differ from {paths[-1]}")
+        if {k: tuple(v.shape) for k, v in c["state_dict"].items()} != shapes:
+            raise SeqmixError(f"cannot average {p}: its parameters (names or shapes) differ from {paths[-1]}'s; "
+                              "average checkpoints of one run")
     averaged = dict(ckpts[-1])
     state = {}
     for k in keys:
@@ -221,8 +223,29 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict:
     return averaged
 
 
-def latest_epoch_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
-    """The ``n`` epoch checkpoints with the highest step in ``directory`` (oldest first)."""
+# what only resuming needs: an averaged checkpoint is for decoding, exporting or init_from, never for resuming
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+
+
+def write_averaged(paths: list[str | os.PathLike], out: str | os.PathLike) -> dict:
+    """The mean of ``paths``' weights as a checkpoint file ``out`` that generate.py, the exporters and init_from read
+    (the run config and tokenizer of the last one; no optimizer or loop state), written atomically; ``out`` must not
+    exist yet. Returns what was written."""
+    out = Path(out)
+    if out.exists():
+        raise SeqmixError(f"{out} exists; give --out a new file name (nothing was overwritten)")
+    averaged = {k: v for k, v in average_checkpoints(paths).items() if k not in TRAINING_STATE}
+    averaged["seqmix"] = {**averaged["seqmix"], "averaged_from": [Path(p).name for p in paths]}
+    try:
+        atomic_write(out, lambda f: torch.save(averaged, f))
+    except OSError as err:
+        raise SeqmixError(f"could not write {out} ({err.strerror or err}); nothing half-written was left") from None
+    return averaged
+
+
+def latest_epoch_checkpoints(directory: str | os.PathLike, n: int, asked: str = "average_last={n}") -> list[Path]:
+    """The ``n`` epoch checkpoints with the highest step in ``directory`` (oldest first); ``asked``: the setting
+    that asked for them, as the error names it."""
     def step_of(p: Path) -> int:
         try:
             return int(p.stem.rsplit("step", 1)[1])
@@ -230,8 +253,8 @@ def latest_epoch_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]
             return -1
     found = sorted((p for p in Path(directory).glob("epoch*-step*.ckpt")), key=step_of)
     if len(found) < n:
-        raise SeqmixError(f"average_last={n} but {directory} holds only {len(found)} epoch checkpoints; "
-                          f"train with keep_last_epochs>={n} or lower average_last")
+        raise SeqmixError(f"{asked.format(n=n)} but {directory} holds only {len(found)} epoch checkpoints; "
+                          f"train with keep_last_epochs>={n} or ask for fewer")
     return found[-n:]
 
 
