@@ -1,7 +1,7 @@
 """Property: any command a user types, with any of the files they may point it at, ends in success or in one
 ``seqmix: error:`` line (exit status 2, the last thing said, no traceback), never an internal error or a crash.
 Commands: train.py (short runs on the built-in task, with resume and init_from), generate.py, preprocess.py,
-``python -m seqmix.report``, ``python -m seqmix.interop.fairseq import|export``; paths: a good checkpoint, a truncated
+``python -m seqmix.report``, ``python -m seqmix.interop.fairseq import|export``, ``python -m seqmix.average``; paths: a good checkpoint, a truncated
 one, a text file, an empty file, random bytes, a folder, a missing path, a path under a file; plus right and wrong
 option values. Each path or value slot gets a right one half the time, so working runs are drawn as well as
 refusals; a success must leave whole outputs (a finished run record, last.ckpt, one hypothesis per input line), a
@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -87,7 +88,8 @@ def options(draw, slots: dict, most: int) -> list[str]:
 @st.composite
 def commands(draw) -> tuple[str, bool, list[str]]:
     """(script or module, is a module, arguments with @path@ placeholders for the zoo's files)."""
-    kind = draw(st.sampled_from(["train", "generate", "generate", "preprocess", "report", "import", "export"]))
+    kind = draw(st.sampled_from(["train", "generate", "generate", "preprocess", "report", "import", "export",
+                                 "average"]))
     if kind == "train":
         return "train.py", False, [*TRAIN_BASE, "hydra.run.dir=@work@/run", *options(draw, TRAIN_OPTIONS, 2)]
     if kind == "generate":
@@ -96,6 +98,11 @@ def commands(draw) -> tuple[str, bool, list[str]]:
         return "preprocess.py", False, ["task=multi30k_ende", "task.vocab_size=60",
                                         f"task.data.source.path=@{draw(st.one_of(st.just('folder'), paths))}@",
                                         f"paths.cache_dir=@{draw(st.one_of(st.just('new'), paths))}@/cache"]
+    if kind == "average":  # listed checkpoints, or the trained run's folder with --last
+        listed = draw(st.booleans())
+        inputs_ = draw(st.lists(placed(checkpoints), min_size=1, max_size=3)) if listed else \
+            ["@run@", "--last", draw(number("1", "2"))]
+        return "seqmix.average", True, [*inputs_, "--out", f"@{draw(outputs)}@"]
     if kind == "report":
         return "seqmix.report", True, [f"@{draw(paths)}@",
                                        *draw(st.sampled_from([[], ["--metric", "best_valid"], ["--metric", "x"]]))]
@@ -119,6 +126,8 @@ def check_outputs(script: str, args: list[str], work: Path, succeeded: bool) -> 
     if script == "train.py":
         assert (work / "run" / "checkpoints" / "last.ckpt").is_file()
         assert json.loads((work / "run" / "run.json").read_text())["status"] == "finished"
+    if script == "seqmix.average":
+        assert torch.load(args[args.index("--out") + 1], weights_only=False)["seqmix"]["averaged_from"]
     if script == "generate.py":
         output = next((a.split("=", 1)[1] for a in args if a.startswith("output=")), None)
         source = next((a.split("=", 1)[1] for a in args if a.startswith("input=")), None)
@@ -132,7 +141,7 @@ def check_outputs(script: str, args: list[str], work: Path, succeeded: bool) -> 
 def test_a_command_succeeds_or_ends_in_one_user_error(zoo, tmp_path_factory, command):
     script, module, args = command
     work = tmp_path_factory.mktemp("cmd")
-    places = {"work": work, "new": work / "new", "fresh.txt": work / "new" / "hyp.txt",
+    places = {"work": work, "new": work / "new", "fresh.txt": work / "new" / "hyp.txt", "run": zoo / "run",
               **{name: zoo / name for name in PATHS}}
     for name, path in places.items():
         args = [a.replace(f"@{name}@", str(path)) for a in args]
