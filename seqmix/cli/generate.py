@@ -24,6 +24,7 @@ from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
 from seqmix.tasks import SummarizationTask, TranslationTask
+from seqmix.training.run_record import RECORD, read_record, record_evaluation
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
 # algorithms' options, and language modeling's context
@@ -162,4 +163,19 @@ def generate(cfg: DictConfig) -> float | None:
     print(report.headline)
     for line in report.details:
         print(line)
+    record_in_run(cfg, task.decoding_settings(**overrides), report)
     return report.score
+
+
+def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
+    """A split of the task's own data scored from a run's checkpoint (``<run>/checkpoints/x.ckpt``) joins that run's
+    record (``run.json``: ``evaluations``), which the results tables are written from."""
+    ckpt = Path(str(cfg.ckpt_path))
+    if cfg.input or cfg.get("data") or ckpt.parent.name != "checkpoints":
+        return
+    run_dir = ckpt.parent.parent
+    if read_record(run_dir) is None:
+        return
+    checkpoint = ckpt.name + (f" (average of the last {cfg.average_last})" if cfg.average_last else "")
+    record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics)
+    print(f"recorded in {run_dir / RECORD}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
@@ -30,7 +31,7 @@ from seqmix.training.checkpoints import (
     remove_orphaned_writes,
 )
 from seqmix.training.preemption import Preemption, cluster_environment
-from seqmix.training.run_record import finish_record, start_record
+from seqmix.training.run_record import finish_record, record_evaluation, start_record
 
 log = logging.getLogger("seqmix")
 
@@ -85,7 +86,8 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
                           "new run from a checkpoint's weights: pass one of them")
-    start_record(output_dir_of(cfg), job_overrides(), list(cfg.get("tags") or []))
+    start_record(output_dir_of(cfg), job_overrides(), list(cfg.get("tags") or []), model=cfg.model.name,
+                 task=cfg.task.name, precision=str(cfg.trainer.precision))
     resume_from = continue_run_in_its_folder(cfg)
     if resume_from is None and cfg.get("ckpt_path"):
         resume_from = check_resumable(cfg.ckpt_path)
@@ -216,4 +218,7 @@ def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> f
             for line in report.details:
                 print(line)
         print(f"checkpoint: {ckpt or '(none saved)'}")
+        if report is not None:
+            record_evaluation(output_dir_of(cfg), split, task.decoding_settings(), Path(ckpt).name if ckpt else "",
+                              report.metrics)
     return None if report is None else report.score

@@ -34,6 +34,8 @@ class BleuResult:
     score: float
     signature: str
     text: str  # sacreBLEU's one-line summary (score, n-gram precisions, BP, lengths)
+    bp: float = 1.0  # brevity penalty
+    length_ratio: float = 1.0  # hypothesis / reference length, in the metric's tokens
 
     def __str__(self) -> str:
         return f"{self.signature} = {self.text}"
@@ -73,7 +75,8 @@ def corpus_bleu(hypotheses: list[str], references: list[str], tokenize: str = "1
     bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenized)
     result = bleu.corpus_score(hypotheses, [references])
     text = str(result).split(" = ", 1)[-1]
-    return BleuResult(result.score, str(bleu.get_signature()), text)
+    return BleuResult(result.score, str(bleu.get_signature()), text, result.bp,
+                      result.sys_len / max(result.ref_len, 1))
 
 
 def split_compounds(text: str) -> str:
@@ -126,4 +129,4 @@ def paper_bleu(hypotheses: list[str], references: list[str], kind: str, lang: st
     ref_tokens = paper_tokens(references, kind, lang, pretokenized)
     inner = corpus_bleu(sys_tokens, ref_tokens, tokenize="none", lowercase=kind == "tokenized_lowercase", tokenized=True)
     name = f"BLEU ({paper_bleu_name(kind, lang, pretokenized)}; {inner.signature})"
-    return BleuResult(inner.score, name, inner.text)
+    return BleuResult(inner.score, name, inner.text, inner.bp, inner.length_ratio)

@@ -42,7 +42,8 @@ class LanguageModelingTask(SeqmixTask):
         if eval_context:
             context += f", +{eval_context} tokens of unscored context"
         return Report(ppl, f"perplexity: {ppl:.2f}",
-                      [f"over {ntokens:,} {units} incl. </s> (mean NLL {nll / max(ntokens, 1):.4f} nats; {context})"])
+                      [f"over {ntokens:,} {units} incl. </s> (mean NLL {nll / max(ntokens, 1):.4f} nats; {context})"],
+                      metrics={"perplexity": ppl})
 
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report:
         return self._report(nll, ntokens, self.eval_context)

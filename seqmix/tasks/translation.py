@@ -105,12 +105,12 @@ class TranslationTask(SeqmixTask):
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         """Corpus BLEU against the first reference of each example (translation data has one): sacreBLEU (the
-        headline, ``bleu``), then each of the papers' BLEU that ``task.bleu.paper`` names (``bleu_paper``...)."""
+        headline, ``bleu``, with its brevity penalty ``bp`` and ``length_ratio``), then each of the papers' BLEU that ``task.bleu.paper`` names (``bleu_paper``...)."""
         refs, options = [r[0] for r in references], self.bleu
         result = corpus_bleu(hypotheses, refs, tokenize=options.tokenize, lowercase=options.lowercase,
                              tokenized=options.pretokenized)
         report = Report(result.score, f"BLEU: {result.score:.2f}", [f"sacreBLEU: {result}"],
-                        metrics={"bleu": result.score})
+                        metrics={"bleu": result.score, "bp": result.bp, "length_ratio": result.length_ratio})
         for name, kind in options.paper_metrics().items():
             paper = paper_bleu(hypotheses, refs, kind, options.lang, options.pretokenized)
             report.details.append(f"paper BLEU: {paper}")

@@ -1,6 +1,8 @@
 """A run's record, ``run.json`` in its folder: status (running → finished | failed), the overrides it was started
-with, and at the end its score, parameter count, updates, tokens/s and wall time. ``python -m seqmix.report`` turns
-the records of a sweep's jobs into a table; a job that died leaves ``running`` behind and is reported as unfinished,
+with, the machine and seqmix commit (``seqmix.training.provenance``), at the end its score, parameter count,
+updates, tokens/s and wall time, and every scored decode of its checkpoints (``evaluations``: the final evaluation and
+each ``generate.py split=...`` run on them). ``python -m seqmix.report`` turns the records of a sweep's jobs into a
+table and ``python -m seqmix.report results`` the recipes' records into the README's results tables; a job that died leaves ``running`` behind and is reported as unfinished,
 never dropped."""
 
 from __future__ import annotations
@@ -37,9 +39,28 @@ def update_record(run_dir: str | Path | None, **fields) -> None:
     atomic_write_text(Path(run_dir) / RECORD, json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")
 
 
-def start_record(run_dir: str | Path | None, overrides: list[str], tags: list[str]) -> None:
+def start_record(run_dir: str | Path | None, overrides: list[str], tags: list[str], **run) -> None:
+    """A started run: its overrides and tags, what ``run`` says of it (model, task, precision), machine and commit."""
+    from seqmix.training.provenance import machine, source_commit
+
     update_record(run_dir, status="running", started=time.time(), overrides=list(overrides), tags=list(tags),
-                  error=None)
+                  error=None, machine=machine(), commit=source_commit(), **run)
+
+
+def record_evaluation(run_dir: str | Path | None, split: str, decoding: str, checkpoint: str,
+                      metrics: dict[str, float]) -> None:
+    """Add one scored decode to ``run_dir``'s ``evaluations`` (replacing an earlier one of the same split, decoding
+    settings and checkpoint), with the commit and machine that decoded."""
+    from seqmix.training.provenance import machine, source_commit
+
+    if run_dir is None or read_record(run_dir) is None:
+        return
+    entry = {"split": split, "decoding": decoding, "checkpoint": checkpoint, "metrics": dict(metrics),
+             "commit": source_commit(), "machine": machine(), "when": time.time()}
+    same = (split, decoding, checkpoint)
+    kept = [e for e in read_record(run_dir).get("evaluations") or []
+            if isinstance(e, dict) and (e.get("split"), e.get("decoding"), e.get("checkpoint")) != same]
+    update_record(run_dir, evaluations=[*kept, entry])
 
 
 def finish_record(run_dir: str | Path | None, **results) -> None:
