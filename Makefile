@@ -23,7 +23,7 @@ BENCH_ARGS ?=
 
 export TRITON_DEFAULT_FP_FUSION ?= 1
 
-.PHONY: install test test-fast lint fuzz bench gpu-check clean
+.PHONY: install test test-fast lint fuzz bench results gpu-check clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ COMMAND_FUZZ_EXAMPLES ?= 500
 fuzz:
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COMMAND_FUZZ_EXAMPLES=$(COMMAND_FUZZ_EXAMPLES) $(PY) -m pytest -q \
 		--hypothesis-show-statistics tests/test_fuzz_configs.py tests/test_fuzz_commands.py
+
+# the README's results tables, from the recipe runs' records in benchmarks/results/recipes (seqmix/report/results.py)
+results:
+	$(PY) -m seqmix.report results --readme README.md
 
 bench:
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

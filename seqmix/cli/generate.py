@@ -177,5 +177,5 @@ def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
     if read_record(run_dir) is None:
         return
     checkpoint = ckpt.name + (f" (average of the last {cfg.average_last})" if cfg.average_last else "")
-    record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics)
+    record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details)
     print(f"recorded in {run_dir / RECORD}")

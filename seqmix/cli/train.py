@@ -220,5 +220,5 @@ def final_evaluation(cfg: DictConfig, trainer: L.Trainer, task, datamodule) -> f
         print(f"checkpoint: {ckpt or '(none saved)'}")
         if report is not None:
             record_evaluation(output_dir_of(cfg), split, task.decoding_settings(), Path(ckpt).name if ckpt else "",
-                              report.metrics)
+                              report.metrics, report.details)
     return None if report is None else report.score

@@ -1,4 +1,5 @@
-"""A sweep as the table a paper prints: ``python -m seqmix.report <multirun dir> [--metric score|best_valid]``.
+"""A sweep as the table a paper prints: ``python -m seqmix.report <multirun dir> [--metric score|best_valid]``
+(and the README's results tables: ``python -m seqmix.report results``, see ``seqmix.report.results``).
 
 Every job of a Hydra multirun (its folder's ``.hydra/overrides.yaml`` and ``run.json`` record, see
 ``seqmix.training.run_record``) becomes a row; the overrides that vary between jobs are the row's key, and jobs that differ
@@ -204,6 +205,11 @@ def report(sweep_dir: str | Path, metric: str = "score", out: str | Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["results"]:  # the README's results tables from the recipes' records (seqmix.report.results)
+        from seqmix.report import results
+
+        return results.main(argv[1:])
     parser = CommandParser(prog="python -m seqmix.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", help="a multirun folder (outputs/multiruns/<date_time>)")
     parser.add_argument("--metric", default="score", choices=["score", "best_valid"],

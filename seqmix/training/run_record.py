@@ -48,15 +48,16 @@ def start_record(run_dir: str | Path | None, overrides: list[str], tags: list[st
 
 
 def record_evaluation(run_dir: str | Path | None, split: str, decoding: str, checkpoint: str,
-                      metrics: dict[str, float]) -> None:
+                      metrics: dict[str, float], details: list[str] = ()) -> None:
     """Add one scored decode to ``run_dir``'s ``evaluations`` (replacing an earlier one of the same split, decoding
-    settings and checkpoint), with the commit and machine that decoded."""
+    settings and checkpoint): its metrics and detail lines (the metrics' signatures), the commit and machine that
+    decoded."""
     from seqmix.training.provenance import machine, source_commit
 
     if run_dir is None or read_record(run_dir) is None:
         return
     entry = {"split": split, "decoding": decoding, "checkpoint": checkpoint, "metrics": dict(metrics),
-             "commit": source_commit(), "machine": machine(), "when": time.time()}
+             "details": list(details), "commit": source_commit(), "machine": machine(), "when": time.time()}
     same = (split, decoding, checkpoint)
     kept = [e for e in read_record(run_dir).get("evaluations") or []
             if isinstance(e, dict) and (e.get("split"), e.get("decoding"), e.get("checkpoint")) != same]

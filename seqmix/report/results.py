@@ -1,0 +1,269 @@
+"""The README's results tables, written from the recipe runs' records, never typed:
+``python -m seqmix.report results [--add <run dir> ...] [--readme README.md]``.
+
+``--add`` copies a finished run's ``run.json`` (``seqmix.training.run_record``: overrides, machine, commit, updates,
+wall time and every scored decode of its checkpoints) into the records folder (``benchmarks/results/recipes``), one
+file per recipe, named after its ``experiment=``. The tables then come from those files alone: one per kind of task
+(translation: sacreBLEU with its brevity penalty for the task's own decoding and greedy, and the papers' BLEU;
+language modeling: perplexity; summarization: ROUGE), one row per recipe. ``--readme`` rewrites the part of the
+README between the two ``RESULTS_BEGIN``/``RESULTS_END`` marks; without it the tables are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqmix.config.user_errors import CommandParser, command_status
+from seqmix.errors import SeqmixError
+from seqmix.files import atomic_write_text
+from seqmix.training.run_record import RECORD, read_record
+
+RECORDS = Path("benchmarks/results/recipes")
+RESULTS_BEGIN = "<!-- results: written by `make results` (python -m seqmix.report results) from benchmarks/results/recipes -->"
+RESULTS_END = "<!-- results end -->"
+# overrides that say where a run wrote, not what it trained
+_PLACE_KEYS = ("logger", "hydra.", "paths.", "callbacks.dashboard.", "trainer.enable_progress_bar")
+_FLAG_NAMES = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+@dataclass
+class Recipe:
+    name: str  # the record's file name (its experiment)
+    record: dict
+
+    def overrides(self) -> list[str]:
+        """What the run was started with (the recipe first), less where it wrote."""
+        kept = [str(o) for o in self.record.get("overrides") or [] if not str(o).lstrip("+~").startswith(_PLACE_KEYS)]
+        return sorted(kept, key=lambda o: not o.startswith("experiment="))
+
+    def evaluations(self, split: str = "valid") -> list[dict]:
+        return [e for e in self.record.get("evaluations") or [] if isinstance(e, dict) and e.get("split") == split
+                and isinstance(e.get("metrics"), dict)]
+
+    def _on_best(self) -> list[dict]:
+        best = Path(str(self.record.get("checkpoint") or "")).name
+        return sorted((e for e in self.evaluations() if e.get("checkpoint") == best), key=lambda e: e.get("when") or 0)
+
+    def final(self) -> dict | None:
+        """The latest scoring of the kept (best) checkpoint with the task's decoding (not greedy): the run's own final
+        evaluation, or a ``generate.py`` run with the same settings that replaced it."""
+        chosen = [e for e in self._on_best() if beam_size(e) != 1]
+        return chosen[-1] if chosen else None
+
+    def greedy(self) -> dict | None:
+        """``generate.py ... beam_size=1`` on the same checkpoint (translation)."""
+        chosen = [e for e in self._on_best() if beam_size(e) == 1]
+        return chosen[-1] if chosen else None
+
+
+def beam_size(evaluation: dict) -> int | None:
+    found = re.search(r"\bbeam_size=(\d+)", evaluation.get("decoding") or "")
+    return int(found.group(1)) if found else None
+
+
+def machine_label(machine: dict | None) -> str:
+    """``AMD EPYC, 2 threads, AVX512-BF16`` (the fastest instruction set that matters), or the GPU's name."""
+    if not isinstance(machine, dict):
+        return "unknown"
+    if machine.get("gpu"):
+        return str(machine["gpu"])
+    flags = set(machine.get("cpu_flags") or [])
+    best = next((label for flag, label in _FLAG_NAMES if flag in flags), None)
+    parts = [str(machine.get("cpu") or "unknown"), f"{machine.get('threads', '?')} threads", best]
+    return ", ".join(p for p in parts if p)
+
+
+def read_recipes(folder: Path) -> list[Recipe]:
+    """Every ``*.json`` record in ``folder``, by name; a damaged file is named, never skipped."""
+    if not folder.is_dir():
+        raise SeqmixError(f"records folder {folder} does not exist: add runs with --add <run dir>")
+    recipes = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise SeqmixError(f"record {path} is damaged ({type(err).__name__}); add its run again with --add") from None
+        if not isinstance(record, dict) or record.get("status") != "finished":
+            raise SeqmixError(f"record {path} is not a finished run's; add its run again with --add")
+        recipes.append(Recipe(path.stem, record))
+    return recipes
+
+
+def add_run(run_dir: Path, folder: Path) -> Path:
+    """Copy ``run_dir``'s record into ``folder`` as ``<experiment>.json`` (replacing that recipe's earlier run)."""
+    record = read_record(run_dir)
+    if record is None:
+        raise SeqmixError(f"{run_dir} has no readable {RECORD}: give the folder of a train.py run")
+    if record.get("status") != "finished":
+        raise SeqmixError(f"{run_dir} did not finish (status {record.get('status')!r}): only finished runs make rows")
+    experiments = [str(o).split("=", 1)[1] for o in record.get("overrides") or [] if str(o).startswith("experiment=")]
+    if len(experiments) != 1:
+        raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{experiments[0]}.json"
+    shutil.copyfile(run_dir / RECORD, target.with_suffix(".part"))
+    target.with_suffix(".part").replace(target)
+    return target
+
+
+def _num(value, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+def _bleu(evaluation: dict | None) -> str:
+    if evaluation is None:
+        return "-"
+    m = evaluation["metrics"]
+    return f"{_num(m.get('bleu'))} ({_num(m.get('bp'), 3)})"
+
+
+def _papers_bleu(evaluation: dict | None) -> str:
+    if evaluation is None:
+        return "-"
+    values = [v for k, v in evaluation["metrics"].items() if k.startswith("bleu_paper")]
+    return " / ".join(_num(v) for v in values) or "-"
+
+
+def _common(recipe: Recipe) -> list[str]:
+    r = recipe.record
+    params = r.get("parameters")
+    wall = r.get("wall_seconds")
+    size = "" if not params else f" ({params / 1e6:.1f}M)" if params >= 1e6 else f" ({params / 1e3:.0f}K)"
+    return [f"`{' '.join(recipe.overrides())}`", f"{r.get('model', '?')}{size}", f"{r.get('updates', 0):,}",
+            _num(wall / 60, 1) if wall else "-", str(r.get("precision", "?"))]
+
+
+COMMON = ["recipe (`python train.py ...`)", "model", "updates", "wall (min)", "precision"]
+PROVENANCE = ["machine", "commit"]
+
+
+def _translation_row(recipe: Recipe) -> list[str]:
+    final, greedy = recipe.final(), recipe.greedy()
+    beam = beam_size(final) if final else None
+    decode = f"beam {beam}" if beam else "task's decoding"
+    return [_bleu(final) + ("" if beam == 5 else f" ({decode})"), _papers_bleu(final), _bleu(greedy)]
+
+
+def _lm_row(recipe: Recipe) -> list[str]:
+    final = recipe.final()
+    return [_num(final["metrics"].get("perplexity")) if final else "-"]
+
+
+def _summary_row(recipe: Recipe) -> list[str]:
+    final = recipe.final()
+    if final is None:
+        return ["-"]
+    m = final["metrics"]
+    return [" / ".join(_num(m.get(k)) for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))]
+
+
+@dataclass(frozen=True)
+class Kind:
+    title: str
+    metric: str  # a metric only this kind's evaluations have
+    columns: tuple[str, ...]
+    row: object  # Recipe -> cells
+    note: str
+
+
+KINDS = (
+    Kind("Translation", "bleu", ("valid sacreBLEU, beam 5 (BP)", "papers' BLEU, beam 5", "valid sacreBLEU, greedy (BP)"),
+         _translation_row, "sacreBLEU of detokenized output against the raw references (signature `{signature}`) "
+         "with its brevity penalty; papers' BLEU: {papers}; greedy: `python generate.py "
+         "ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`."),
+    Kind("Language modeling", "perplexity", ("valid perplexity",), _lm_row,
+         "Perplexity over the whole valid split, best.ckpt."),
+    Kind("Summarization", "rougeL", ("valid ROUGE-1/2/L/Lsum F1",), _summary_row,
+         "rouge-score F1 with stemming, best.ckpt, the task's decoding."),
+)
+
+
+def _details(recipes: list[Recipe], prefix: str) -> list[str]:
+    """The distinct signatures in the final evaluations' detail lines that start with ``prefix``."""
+    seen: list[str] = []
+    for recipe in recipes:
+        for line in (recipe.final() or {}).get("details") or []:
+            text = line.split(" = ")[0][len(prefix):].strip() if line.startswith(prefix) else None
+            if text and text not in seen:
+                seen.append(text)
+    return seen
+
+
+def kind_of(recipe: Recipe) -> Kind | None:
+    final = recipe.final()
+    return next((k for k in KINDS if final and k.metric in final["metrics"]), None)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    cells = [[c.replace("|", "\\|") for c in row] for row in [header, *rows]]
+    lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells[1:]]) + "\n"
+
+
+def results_text(recipes: list[Recipe]) -> str:
+    """One ``###`` section per kind of task that has recipes: the table and how its numbers were measured."""
+    sections = []
+    for kind in KINDS:
+        members = [r for r in recipes if kind_of(r) is kind]
+        if not members:
+            continue
+        header = [*COMMON, *kind.columns, *PROVENANCE]
+        rows = [[*_common(r), *kind.row(r), machine_label(r.record.get("machine")), f"`{r.record.get('commit', '?')}`"]
+                for r in members]
+        signature = "; ".join(s.split(" = ")[0] for s in _details(members, "sacreBLEU:")) or "-"
+        papers = "; ".join(f"({i + 1}) {s}" for i, s in enumerate(_details(members, "paper BLEU:"))) or "none"
+        note = kind.note.format(signature=signature, papers=papers)
+        sections.append(f"### {kind.title}\n\n{markdown_table(header, rows)}\n{note}\n")
+    unknown = [r.name for r in recipes if kind_of(r) is None]
+    if unknown:
+        raise SeqmixError(f"records with no scored decode of their best checkpoint on valid: {', '.join(unknown)}; "
+                          "score it (python generate.py ckpt_path=<run>/checkpoints/best.ckpt split=valid), then add "
+                          "the run again")
+    return "\n".join(sections)
+
+
+def write_readme(readme: Path, text: str) -> None:
+    """Replace what lies between the marks with ``text`` (written whole, atomically)."""
+    try:
+        content = readme.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SeqmixError(f"cannot read {readme} ({err.strerror or err}); give the README with --readme") from None
+    begin, end = content.find(RESULTS_BEGIN), content.find(RESULTS_END)
+    if begin < 0 or end < begin:
+        raise SeqmixError(f"{readme} lacks the marks '{RESULTS_BEGIN}' ... '{RESULTS_END}' around its results: "
+                          "put them where the tables go")
+    head = content[:begin + len(RESULTS_BEGIN)]
+    atomic_write_text(readme, f"{head}\n\n{text}\n{content[end:]}")
+
+
+def readme_section(readme: Path) -> str:
+    """What lies between the marks now (for checking that the README holds what the records say)."""
+    content = readme.read_text(encoding="utf-8")
+    begin, end = content.find(RESULTS_BEGIN), content.find(RESULTS_END)
+    section = content[begin + len(RESULTS_BEGIN):end].strip() if 0 <= begin < end else ""
+    return section + "\n" if section else ""
+
+
+def run(args) -> None:
+    folder = Path(args.records)
+    for run_dir in args.add or []:
+        print(f"added {add_run(Path(run_dir), folder)}")
+    text = results_text(read_recipes(folder))
+    if args.readme:
+        write_readme(Path(args.readme), text)
+        print(f"wrote the results of {len(read_recipes(folder))} recipes into {args.readme}")
+    else:
+        print(text, end="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CommandParser(prog="python -m seqmix.report results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--add", action="append", metavar="RUN_DIR", help="copy a finished run's record in first")
+    parser.add_argument("--records", default=str(RECORDS), help=f"the records folder (default {RECORDS})")
+    parser.add_argument("--readme", help="rewrite this README's results section instead of printing the tables")
+    args = parser.parse_args(argv)
+    return command_status(lambda: run(args))

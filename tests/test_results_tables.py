@@ -1,0 +1,173 @@
+"""``python -m seqmix.report results``: the README's results tables come from run records only. Fixture records
+become exactly the expected tables (which evaluation fills which cell, provenance, signatures); the README holds
+what the committed records say; a real run records its machine, commit and scored decodes; mistakes are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqmix.errors import SeqmixError
+from seqmix.report.results import (
+    RECORDS,
+    RESULTS_BEGIN,
+    RESULTS_END,
+    add_run,
+    read_recipes,
+    readme_section,
+    results_text,
+    write_readme,
+)
+from tests.helpers import ROOT, TINY, run
+
+AVX512 = {"cpu": "AMD EPYC", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "gpu": None}
+SACRE = "sacreBLEU: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0 = 35.00 70/40/25/15 (BP = 0.970)"
+PAPER = "paper BLEU: BLEU (tokenized, lowercase, sacremoses 0.1.1 de; nrefs:1|tok:none) = 35.40 70/41/26/16"
+BEAM5 = "beam search beam_size=5 len_penalty=1.0"
+GREEDY = "beam search beam_size=1 len_penalty=1.0"
+
+
+def evaluation(decoding, metrics, checkpoint="best.ckpt", when=1.0, split="valid", details=()):
+    return {"split": split, "decoding": decoding, "checkpoint": checkpoint, "metrics": metrics, "when": when,
+            "details": list(details)}
+
+
+def record(experiment, model, evaluations, **extra):
+    return {"status": "finished", "overrides": [f"experiment={experiment}", "logger=csv", *extra.pop("more", [])],
+            "model": model, "parameters": 7_612_416, "updates": 2084, "wall_seconds": 2830.0,
+            "precision": "bf16-mixed", "machine": AVX512, "commit": "0123456789ab",
+            "checkpoint": "/somewhere/runs/x/checkpoints/best.ckpt", "evaluations": evaluations, **extra}
+
+
+def write_records(folder, records):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, rec in records.items():
+        (folder / f"{name}.json").write_text(json.dumps(rec))
+
+
+def fixture_records():
+    translation = record("m30k_t", "transformer_small", [
+        evaluation(BEAM5, {"bleu": 35.0, "bp": 0.97, "bleu_paper": 35.4, "bleu_paper_tokenized": 35.2},
+                   details=[SACRE, PAPER], when=1),
+        evaluation(GREEDY, {"bleu": 33.5, "bp": 0.95}, when=2),
+        # not the kept checkpoint, not valid: never shown
+        evaluation(BEAM5, {"bleu": 99.0, "bp": 1.0}, checkpoint="last.ckpt", when=3),
+        evaluation(BEAM5, {"bleu": 98.0, "bp": 1.0}, split="test", when=4),
+    ], more=["seed=2"])
+    rescored = record("m30k_l", "lightconv_small", [
+        evaluation(BEAM5, {"bleu": 36.0, "bp": 0.96}, when=1),
+        evaluation(BEAM5, {"bleu": 36.5, "bp": 0.98}, when=5),  # a later scoring with the same settings wins
+    ], parameters=512_000, machine={**AVX512, "cpu_flags": ["avx2"]}, precision="32-true")
+    lm = record("wt2_t", "transformer_lm", [evaluation("perplexity tokens_per_sample=128", {"perplexity": 170.44})])
+    summary = record("ds_l", "lightconv_small", [evaluation("beam search beam_size=4", {
+        "rouge1": 31.49, "rouge2": 9.19, "rougeL": 25.89, "rougeLsum": 28.54})], machine={**AVX512, "gpu": "NVIDIA H100"})
+    return {"m30k_t": translation, "m30k_l": rescored, "wt2_t": lm, "ds_l": summary}
+
+
+EXPECTED = """### Translation
+
+| recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid sacreBLEU, beam 5 (BP) | papers' BLEU, beam 5 | valid sacreBLEU, greedy (BP) | machine | commit |
+|---|---|---|---|---|---|---|---|---|---|
+| `experiment=m30k_l` | lightconv_small (512K) | 2,084 | 47.2 | 32-true | 36.50 (0.980) | - | - | AMD EPYC, 2 threads, AVX2 | `0123456789ab` |
+| `experiment=m30k_t seed=2` | transformer_small (7.6M) | 2,084 | 47.2 | bf16-mixed | 35.00 (0.970) | 35.40 / 35.20 | 33.50 (0.950) | AMD EPYC, 2 threads, AVX512-BF16 | `0123456789ab` |
+
+sacreBLEU of detokenized output against the raw references (signature `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`) with its brevity penalty; papers' BLEU: (1) BLEU (tokenized, lowercase, sacremoses 0.1.1 de; nrefs:1|tok:none); greedy: `python generate.py ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`.
+
+### Language modeling
+
+| recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid perplexity | machine | commit |
+|---|---|---|---|---|---|---|---|
+| `experiment=wt2_t` | transformer_lm (7.6M) | 2,084 | 47.2 | bf16-mixed | 170.44 | AMD EPYC, 2 threads, AVX512-BF16 | `0123456789ab` |
+
+Perplexity over the whole valid split, best.ckpt.
+
+### Summarization
+
+| recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid ROUGE-1/2/L/Lsum F1 | machine | commit |
+|---|---|---|---|---|---|---|---|
+| `experiment=ds_l` | lightconv_small (7.6M) | 2,084 | 47.2 | bf16-mixed | 31.49 / 9.19 / 25.89 / 28.54 | NVIDIA H100 | `0123456789ab` |
+
+rouge-score F1 with stemming, best.ckpt, the task's decoding.
+"""
+
+
+def test_fixture_records_become_exactly_the_expected_tables(tmp_path):
+    write_records(tmp_path, fixture_records())
+    assert results_text(read_recipes(tmp_path)) == EXPECTED
+
+
+def test_a_record_without_a_valid_scoring_of_its_best_checkpoint_is_named(tmp_path):
+    rec = record("m30k_x", "transformer_small", [evaluation(BEAM5, {"bleu": 1.0}, checkpoint="last.ckpt")])
+    write_records(tmp_path, {"m30k_x": rec})
+    with pytest.raises(SeqmixError, match="m30k_x.*generate.py"):
+        results_text(read_recipes(tmp_path))
+
+
+@pytest.mark.parametrize("content,says", [("{not json", "damaged"), (json.dumps({"status": "running"}), "finished")])
+def test_a_damaged_or_unfinished_record_file_is_named(tmp_path, content, says):
+    (tmp_path / "bad.json").write_text(content)
+    with pytest.raises(SeqmixError, match=f"bad.json.*{says}"):
+        read_recipes(tmp_path)
+
+
+def test_the_readme_holds_what_the_committed_records_say():
+    """README's results section is exactly the generator's output on benchmarks/results/recipes: `make results`
+    after adding a run, never a hand edit."""
+    readme = ROOT / "README.md"
+    assert RESULTS_BEGIN in readme.read_text() and RESULTS_END in readme.read_text()
+    assert readme_section(readme) == results_text(read_recipes(ROOT / RECORDS)), "run `make results`"
+
+
+def test_write_readme_replaces_only_the_marked_part(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# top\n{RESULTS_BEGIN}\nold rows\n{RESULTS_END}\n## after\n")
+    write_readme(readme, "### New\n")
+    assert readme.read_text() == f"# top\n{RESULTS_BEGIN}\n\n### New\n\n{RESULTS_END}\n## after\n"
+    (tmp_path / "plain.md").write_text("# no marks\n")
+    with pytest.raises(SeqmixError, match="lacks the marks"):
+        write_readme(tmp_path / "plain.md", "x")
+
+
+def test_a_real_run_is_recorded_added_and_tabulated(tmp_path):
+    """train.py records machine, commit and its final evaluation; generate.py split=valid on the run's checkpoint
+    adds its decode (input= does not); --add copies the record under the recipe's name; the table's cells are the
+    printed scores."""
+    runs = tmp_path / "run"
+    proc = run("train.py", [*TINY, "experiment=multi30k_transformer_cpu", "task=toy_reverse", "trainer.max_steps=6",
+                            "trainer.max_time=null", "trainer.precision=32", f"hydra.run.dir={runs}",
+                            "task.data.splits.test=null", "trainer.val_check_interval=null",
+                            "trainer.check_val_every_n_epoch=1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = runs / "checkpoints" / "best.ckpt"
+    greedy = run("generate.py", [f"ckpt_path={ckpt}", "split=valid", "beam_size=1", f"output={tmp_path}/h.txt"],
+                 tmp_path)
+    assert greedy.returncode == 0 and "recorded in" in greedy.stdout, greedy.stderr[-2000:]
+    (tmp_path / "in.txt").write_text("a b c\n")
+    other = run("generate.py", [f"ckpt_path={ckpt}", "input=" + str(tmp_path / "in.txt"), f"output={tmp_path}/o.txt"],
+                tmp_path)
+    assert other.returncode == 0 and "recorded in" not in other.stdout, other.stderr[-2000:]
+    rec = json.loads((runs / "run.json").read_text())
+    assert rec["machine"]["threads"] >= 1 and rec["commit"] and rec["model"] == "transformer_small"
+    assert [(e["split"], "beam_size=1" in e["decoding"]) for e in rec["evaluations"]] == [("valid", False),
+                                                                                            ("valid", True)]
+    printed = [float(line.split()[-1]) for line in (proc.stdout + greedy.stdout).splitlines()
+               if line.startswith(("valid BLEU:", "BLEU:"))]
+    assert [e["metrics"]["bleu"] for e in rec["evaluations"]] == pytest.approx(printed, abs=0.005)
+    target = add_run(runs, tmp_path / "records")
+    assert target.name == "multi30k_transformer_cpu.json"
+    row = results_text(read_recipes(tmp_path / "records")).splitlines()[4]
+    assert f"{printed[0]:.2f} (" in row and f"{printed[1]:.2f} (" in row and "`experiment=multi30k_transformer_cpu" in row
+
+
+def test_add_refuses_runs_that_cannot_make_a_row(tmp_path):
+    (tmp_path / "a").mkdir()
+    with pytest.raises(SeqmixError, match="no readable run.json"):
+        add_run(tmp_path / "a", tmp_path / "records")
+    (tmp_path / "a" / "run.json").write_text(json.dumps({"status": "running", "overrides": ["experiment=x"]}))
+    with pytest.raises(SeqmixError, match="did not finish"):
+        add_run(tmp_path / "a", tmp_path / "records")
+    (tmp_path / "a" / "run.json").write_text(json.dumps({"status": "finished", "overrides": ["seed=1"]}))
+    with pytest.raises(SeqmixError, match="experiment="):
+        add_run(tmp_path / "a", tmp_path / "records")
+    assert not (tmp_path / "records").exists()
