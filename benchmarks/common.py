@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from seqmix.config.resolvers import data_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = Path(os.environ.get("SEQMIX_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))  # as conf/paths
+DATA_DIR = Path(data_dir())  # where train.py reads the corpora (paths.data_dir)
 RESULT = "SEQMIX_BENCH_RESULT "
 
 

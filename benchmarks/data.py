@@ -30,7 +30,7 @@ class Settings:
     sizes: tuple[int, ...] = (500_000, 1_000_000, 4_500_000)  # translation pairs
     lm_tokens: int = 100_000_000  # LM stream (0: none)
     batches: int = 300  # loader batches timed, with 0 and 2 workers
-    shared_dir: str | None = None  # holds multi30k/ and wikitext-2/ (default: $SEQMIX_DATA_DIR or ../shared/data)
+    shared_dir: str | None = None  # holds multi30k/ and wikitext-2/ (default: paths.data_dir, as train.py)
     work: str | None = None  # corpora and stores (default: a temporary folder)
     keep: bool = False
 

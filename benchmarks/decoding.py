@@ -30,7 +30,7 @@ FIELDS = ("model parameters beam sentences seconds sentences_per_s tokens_per_s 
 class Settings:
     ckpts: tuple[str, ...] = ()  # default: the newest multi30k best.ckpt per model (AR, or NAT in the nat section)
     runs_dirs: tuple[str, ...] = ()  # default: $SEQMIX_LOG_DIR/runs or outputs/runs
-    data_dir: str | None = None  # Multi30k folder (default: $SEQMIX_DATA_DIR/multi30k or ../shared/data/multi30k)
+    data_dir: str | None = None  # Multi30k folder (default: multi30k/ in paths.data_dir, as train.py)
     limit: int | None = None  # the first N val sentences (default: all 1,014)
     beams: tuple[int, ...] = (1, 5)
     max_tokens: int = 8000  # source tokens per batch

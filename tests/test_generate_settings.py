@@ -111,3 +111,21 @@ def test_validation_decodes_with_eval_generation_and_the_test_and_generate_with_
         assert used[-1].options.beam_size == beam
     task.evaluate_texts(["a b c"], None, 8000)
     assert used[-1].options.beam_size == 5
+
+
+def test_chrf_and_ter_are_printed_beside_bleu_unless_metrics_says_otherwise(wmt_ckpt):
+    """generate.py's metrics= (issue 36): null = chrF and TER for translation, [] = BLEU alone, an unknown name or
+    a list on a task without BLEU is one error line."""
+    (wmt_ckpt / "ref.txt").write_text("a b c\nd e f\n")
+    ref = f"reference={wmt_ckpt / 'ref.txt'}"
+    default = run("generate.py", [f"ckpt_path={wmt_ckpt / 'wmt.ckpt'}", f"input={wmt_ckpt / 'in.txt'}", ref,
+                                  f"output={wmt_ckpt / 'm.txt'}"], wmt_ckpt / "m")
+    assert default.returncode == 0, describe(default)
+    names = [line.split(":")[0] for line in default.stdout.splitlines() if "nrefs:" in line]
+    assert names == ["sacreBLEU", "paper BLEU", "chrF2", "TER"], default.stdout
+    alone = run("generate.py", [f"ckpt_path={wmt_ckpt / 'wmt.ckpt'}", f"input={wmt_ckpt / 'in.txt'}", ref,
+                                "metrics=[]", f"output={wmt_ckpt / 'n.txt'}"], wmt_ckpt / "n")
+    assert alone.returncode == 0 and "chrF2" not in alone.stdout and "TER" not in alone.stdout, describe(alone)
+    bad = run("generate.py", [f"ckpt_path={wmt_ckpt / 'wmt.ckpt'}", f"input={wmt_ckpt / 'in.txt'}", ref,
+                              "metrics=[meteor]"], wmt_ckpt / "b")
+    assert bad.returncode == 2 and bad.stderr.count("seqmix: error:") == 1 and "chrf" in bad.stderr, describe(bad)

@@ -29,6 +29,7 @@ from seqmix.training.run_record import RECORD, read_record, record_evaluation
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
 # algorithms' options, and language modeling's context
 OVERRIDE_KEYS = (*DECODING_OPTIONS, "eval_context")
+DEFAULT_METRICS = ("chrf", "ter")  # metrics=null on a translation task
 
 
 def _read_lines(path: str) -> list[str]:
@@ -119,6 +120,16 @@ def set_paper_bleu(task, kinds) -> None:
     task.bleu = replace(task.bleu, paper=OmegaConf.to_container(kinds) if OmegaConf.is_list(kinds) else kinds)
 
 
+def set_extra_metrics(task, names) -> None:
+    """``metrics=[chrf, ter]``: sacreBLEU's chrF / chrF++ / TER printed (and recorded) beside BLEU; null: chrF and TER
+    for translation, nothing for the other tasks."""
+    translation = isinstance(task, TranslationTask) and not isinstance(task, SummarizationTask)
+    names = (list(DEFAULT_METRICS) if translation else []) if names is None else list(names)
+    if names and (not isinstance(task, TranslationTask) or isinstance(task, SummarizationTask)):
+        raise SeqmixError(f"metrics={names} score translations; {type(task).__name__} reports no BLEU: use metrics=[]")
+    task.extra_metrics = tuple(names)
+
+
 def print_decoding_settings(task, overrides: dict, stream) -> None:
     """One line: what the task decodes with, and which of it the command line set (the rest is the checkpoint's
     task settings). On stderr for input=-, whose stdout holds only the outputs."""
@@ -138,6 +149,7 @@ def generate(cfg: DictConfig) -> float | None:
     task.to(device)
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     set_paper_bleu(task, cfg.get("paper_bleu"))
+    set_extra_metrics(task, cfg.get("metrics"))
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
     print_decoding_settings(task, overrides, sys.stderr if cfg.input == "-" else sys.stdout)
     if cfg.get("max_sentences"):

@@ -22,6 +22,7 @@ from seqmix.data.lm_blocks import BREAK_MODES
 from seqmix.data.tokenizer import TOKENIZER_KINDS
 from seqmix.errors import SeqmixError
 from seqmix.metrics.bleu import PAPER_BLEU_KINDS
+from seqmix.metrics.chrf_ter import METRICS
 from seqmix.models.blocks import ACTIVATIONS
 
 
@@ -255,6 +256,7 @@ GENERATE = {
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,
     "split": TEXT, "device": TEXT, "output": TEXT, "ckpt_path": TEXT, "input": maybe(TEXT),
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
+    "metrics": maybe(ListOf(Choice(METRICS))),
     **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)
 }
 # Keys no rule types, and why: each is checked where it is read (with its own seqmix error) or is Hydra's

@@ -12,7 +12,7 @@ from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
 from seqmix.generation.options import BeamOptions, overridden, settings_text
-from seqmix.metrics import BleuOptions, corpus_bleu, paper_bleu
+from seqmix.metrics import BleuOptions, corpus_bleu, corpus_metric, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
 from seqmix.tasks.losses import label_smoothed_nll_loss
@@ -20,6 +20,9 @@ from seqmix.tasks.losses import label_smoothed_nll_loss
 
 class TranslationTask(SeqmixTask):
     """Wraps an encoder-decoder model; owns loss, decoding and BLEU."""
+
+    #: chrF/TER to report beside BLEU (``seqmix.metrics.chrf_ter.METRICS``); generate.py's ``metrics=`` sets it
+    extra_metrics: tuple[str, ...] = ()
 
     def __init__(self, model: nn.Module, tokenizer, optimizer: Callable, scheduler: Callable | None = None,
                  label_smoothing: float = 0.1, generation: BeamOptions | None = None, bleu: BleuOptions | None = None,
@@ -115,6 +118,10 @@ class TranslationTask(SeqmixTask):
             paper = paper_bleu(hypotheses, refs, kind, options.lang, options.pretokenized)
             report.details.append(f"paper BLEU: {paper}")
             report.metrics[name] = paper.score
+        for name in self.extra_metrics:
+            extra = corpus_metric(name, hypotheses, refs, lowercase=options.lowercase)
+            report.details.append(extra.line)
+            report.metrics[extra.name] = extra.score
         return report
 
     def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],

@@ -109,7 +109,7 @@ def test_options_validate_and_name_the_logged_metrics():
 
 
 def test_the_task_reports_paper_bleu_beside_sacrebleu():
-    task = SimpleNamespace(bleu=BleuOptions(paper=["tokenized_lowercase", "tokenized"], lang="en"))
+    task = SimpleNamespace(bleu=BleuOptions(paper=["tokenized_lowercase", "tokenized"], lang="en"), extra_metrics=())
     report = TranslationTask.score(task, HYPS, [[r] for r in REFS], ["", ""])
     assert report.score == report.metrics["bleu"] == sacrebleu.corpus_bleu(HYPS, [REFS]).score  # headline unchanged
     assert report.metrics["bleu_paper_tokenized"] == pytest.approx(39.39, abs=0.005)
