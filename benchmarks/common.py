@@ -7,7 +7,6 @@ import csv
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 
 from seqmix.config.resolvers import data_dir
+from seqmix.training.provenance import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(data_dir())  # where train.py reads the corpora (paths.data_dir)
@@ -29,9 +29,8 @@ def environment(device: torch.device) -> dict:
         from triton import __version__ as triton
     except ImportError:  # CPU-only boxes may lack it
         triton = None
-    cpu = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     return {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else
-            (cpu or [platform.machine()])[0], "torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda,
+            cpu_model(), "torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda,
             "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "loadavg_1min": round(os.getloadavg()[0], 2)}
 

@@ -24,7 +24,7 @@ from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
 from seqmix.tasks import SummarizationTask, TranslationTask
-from seqmix.training.run_record import RECORD, read_record, record_evaluation
+from seqmix.training.run_record import RECORD, record_evaluation
 
 # generate.yaml keys handed to the task when set (null keeps what the model was trained with): the decoding
 # algorithms' options, and language modeling's context
@@ -125,7 +125,7 @@ def set_extra_metrics(task, names) -> None:
     for translation, nothing for the other tasks."""
     translation = isinstance(task, TranslationTask) and not isinstance(task, SummarizationTask)
     names = (list(DEFAULT_METRICS) if translation else []) if names is None else list(names)
-    if names and (not isinstance(task, TranslationTask) or isinstance(task, SummarizationTask)):
+    if names and not translation:
         raise SeqmixError(f"metrics={names} score translations; {type(task).__name__} reports no BLEU: use metrics=[]")
     task.extra_metrics = tuple(names)
 
@@ -186,8 +186,6 @@ def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
     if cfg.input or cfg.get("data") or ckpt.parent.name != "checkpoints":
         return
     run_dir = ckpt.parent.parent
-    if read_record(run_dir) is None:
-        return
     checkpoint = ckpt.name + (f" (average of the last {cfg.average_last})" if cfg.average_last else "")
-    record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details)
-    print(f"recorded in {run_dir / RECORD}")
+    if record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details):
+        print(f"recorded in {run_dir / RECORD}")

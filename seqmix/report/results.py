@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from seqmix.config.user_errors import CommandParser, command_status
 from seqmix.errors import SeqmixError
-from seqmix.files import atomic_write_text
+from seqmix.files import atomic_write, atomic_write_text
+from seqmix.report import markdown
 from seqmix.training.run_record import RECORD, read_record
 
 RECORDS = Path("benchmarks/results/recipes")
@@ -105,8 +105,8 @@ def add_run(run_dir: Path, folder: Path) -> Path:
         raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{experiments[0]}.json"
-    shutil.copyfile(run_dir / RECORD, target.with_suffix(".part"))
-    target.with_suffix(".part").replace(target)
+    data = (run_dir / RECORD).read_bytes()
+    atomic_write(target, lambda f: f.write(data))
     return target
 
 
@@ -198,12 +198,6 @@ def kind_of(recipe: Recipe) -> Kind | None:
     return next((k for k in KINDS if final and k.metric in final["metrics"]), None)
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    cells = [[c.replace("|", "\\|") for c in row] for row in [header, *rows]]
-    lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells[1:]]) + "\n"
-
-
 def results_text(recipes: list[Recipe]) -> str:
     """One ``###`` section per kind of task that has recipes: the table and how its numbers were measured."""
     sections = []
@@ -214,10 +208,10 @@ def results_text(recipes: list[Recipe]) -> str:
         header = [*COMMON, *kind.columns, *PROVENANCE]
         rows = [[*_common(r), *kind.row(r), machine_label(r.record.get("machine")), f"`{r.record.get('commit', '?')}`"]
                 for r in members]
-        signature = "; ".join(s.split(" = ")[0] for s in _details(members, "sacreBLEU:")) or "-"
+        signature = "; ".join(_details(members, "sacreBLEU:")) or "-"
         papers = "; ".join(f"({i + 1}) {s}" for i, s in enumerate(_details(members, "paper BLEU:"))) or "none"
         note = kind.note.format(signature=signature, papers=papers)
-        sections.append(f"### {kind.title}\n\n{markdown_table(header, rows)}\n{note}\n")
+        sections.append(f"### {kind.title}\n\n{markdown(header, rows)}\n{note}\n")
     unknown = [r.name for r in recipes if kind_of(r) is None]
     if unknown:
         raise SeqmixError(f"records with no scored decode of their best checkpoint on valid: {', '.join(unknown)}; "
@@ -252,10 +246,11 @@ def run(args) -> None:
     folder = Path(args.records)
     for run_dir in args.add or []:
         print(f"added {add_run(Path(run_dir), folder)}")
-    text = results_text(read_recipes(folder))
+    recipes = read_recipes(folder)
+    text = results_text(recipes)
     if args.readme:
         write_readme(Path(args.readme), text)
-        print(f"wrote the results of {len(read_recipes(folder))} recipes into {args.readme}")
+        print(f"wrote the results of {len(recipes)} recipes into {args.readme}")
     else:
         print(text, end="")
 

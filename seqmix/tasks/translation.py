@@ -108,7 +108,8 @@ class TranslationTask(SeqmixTask):
 
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         """Corpus BLEU against the first reference of each example (translation data has one): sacreBLEU (the
-        headline, ``bleu``, with its brevity penalty ``bp`` and ``length_ratio``), then each of the papers' BLEU that ``task.bleu.paper`` names (``bleu_paper``...)."""
+        headline, ``bleu``, with its brevity penalty ``bp`` and ``length_ratio``), then each of the papers' BLEU that
+        ``task.bleu.paper`` names (``bleu_paper``...), then the chrF/TER of ``extra_metrics``."""
         refs, options = [r[0] for r in references], self.bleu
         result = corpus_bleu(hypotheses, refs, tokenize=options.tokenize, lowercase=options.lowercase,
                              tokenized=options.pretokenized)

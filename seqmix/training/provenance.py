@@ -29,13 +29,19 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cpu_model(info: dict[str, str] | None = None) -> str:
+    """The CPU's model name (``platform.processor()`` where /proc/cpuinfo has none)."""
+    info = _cpuinfo() if info is None else info
+    return info.get("model name") or platform.processor() or "unknown"
+
+
 def machine() -> dict:
     """``cpu`` (model name), ``cpu_flags`` (those of ``SPEED_FLAGS`` it has), ``threads`` (torch's), ``gpu`` (the
     first CUDA device's name, or None) and ``torch`` (version)."""
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": info.get("model name") or platform.processor() or "unknown",
+    return {"cpu": cpu_model(info),
             "cpu_flags": [f for f in SPEED_FLAGS if f in flags], "threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__}
 

@@ -48,20 +48,22 @@ def start_record(run_dir: str | Path | None, overrides: list[str], tags: list[st
 
 
 def record_evaluation(run_dir: str | Path | None, split: str, decoding: str, checkpoint: str,
-                      metrics: dict[str, float], details: list[str] = ()) -> None:
+                      metrics: dict[str, float], details: list[str] = ()) -> bool:
     """Add one scored decode to ``run_dir``'s ``evaluations`` (replacing an earlier one of the same split, decoding
     settings and checkpoint): its metrics and detail lines (the metrics' signatures), the commit and machine that
-    decoded."""
+    decoded. False when ``run_dir`` holds no record (not a training run's folder): nothing is written."""
     from seqmix.training.provenance import machine, source_commit
 
-    if run_dir is None or read_record(run_dir) is None:
-        return
+    record = read_record(run_dir) if run_dir is not None else None
+    if record is None:
+        return False
     entry = {"split": split, "decoding": decoding, "checkpoint": checkpoint, "metrics": dict(metrics),
              "details": list(details), "commit": source_commit(), "machine": machine(), "when": time.time()}
     same = (split, decoding, checkpoint)
-    kept = [e for e in read_record(run_dir).get("evaluations") or []
+    kept = [e for e in record.get("evaluations") or []
             if isinstance(e, dict) and (e.get("split"), e.get("decoding"), e.get("checkpoint")) != same]
     update_record(run_dir, evaluations=[*kept, entry])
+    return True
 
 
 def finish_record(run_dir: str | Path | None, **results) -> None:
