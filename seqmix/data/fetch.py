@@ -24,10 +24,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from seqmix.data import iwslt14_prepare
 from seqmix.data.token_store import exclusive
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write
@@ -61,14 +62,22 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class Corpus:
+    """A corpus's files. With ``prepare`` the one file is a raw archive and the files a task reads are ``prepared``:
+    ``prepare(archive, new_folder, report)`` writes them into a new folder that is then renamed to the task's."""
+
     name: str
     title: str
     homepage: str
     license: str
     files: tuple[RemoteFile, ...]
+    prepare: Callable[[Path, Path, Callable[[str], None]], None] | None = None
+    prepared: tuple[str, ...] = ()
 
     def file_for(self, wanted: str) -> RemoteFile | None:
-        """The file a source looking for ``wanted`` reads: the same name, or its gzipped form."""
+        """The file a source looking for ``wanted`` reads: the same name, or its gzipped form (for a prepared corpus:
+        the archive it is prepared from)."""
+        if self.prepare is not None:
+            return self.files[0] if wanted in self.prepared else None
         return next((f for f in self.files if f.name in (wanted, wanted + ".gz")), None)
 
     @property
@@ -126,6 +135,15 @@ CORPORA = {corpus.name: corpus for corpus in (
                           "436721e0a3571eef7072964f80e042fb151d8c6178db1a688ce8f803bbf0a13f"),
                RemoteFile("dialogsum.test.jsonl", _github(*_DIALOGSUM, "DialogSum_Data/dialogsum.test.jsonl"), 639707,
                           "6de36eca7e7b9b10975fd5ea3f47391df172d8b3c15d03d84d763cbaab015fda"))),
+    # the raw TED release at the URL fairseq's examples/translation/prepare-iwslt14.sh fetches (the original
+    # wit3.fbk.eu/archive/2014-01 one is gone), prepared as that script does before its BPE step
+    # (seqmix.data.iwslt14_prepare). Neither size nor sha256 is published: nothing is checked but that the gzip
+    # stream is whole (its CRC) and holds the files the script reads.
+    Corpus("iwslt14", "IWSLT'14 German-English TED talks (Cettolo et al. 2014), as fairseq's prepare-iwslt14.sh "
+           "prepares them", "https://wit3.fbk.eu/2014-01",
+           "CC BY-NC-ND (TED talks through WIT3): non-commercial, no derivatives",
+           (RemoteFile("de-en.tgz", "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz", None, None),),
+           prepare=iwslt14_prepare.prepare, prepared=iwslt14_prepare.NAMES),
 )}
 
 
@@ -322,6 +340,8 @@ def fetch(corpus: Corpus, folder: str | Path, wanted: Iterable[str],
     Returns the files' paths."""
     folder = Path(os.path.expanduser(str(folder)))
     files = plan(corpus, wanted)
+    if corpus.prepare is not None:
+        return fetch_prepared(corpus, folder, list(dict.fromkeys(wanted)), report)
     said: list[str] = []
     if folder.is_dir() and all(_present(f, folder, said.append) for f in files):
         for line in said:
@@ -338,26 +358,97 @@ def fetch(corpus: Corpus, folder: str | Path, wanted: Iterable[str],
     return [folder / f.name for f in files]
 
 
+@contextlib.contextmanager
+def _download_errors(f: RemoteFile, folder: Path, by_hand: str) -> Iterator[None]:
+    """An unreachable host or a full disk while fetching ``f`` into ``folder``: one line saying what to do
+    (``by_hand``: which files to put where instead)."""
+    try:
+        yield
+    except Unreachable as e:
+        upstream = "" if mirrored(f.url) == f.url else f" (upstream: {f.url})"
+        raise SeqmixError(
+            f"{e}{upstream}; check the network (HTTPS_PROXY behind a proxy, {MIRROR_VARIABLE}=<url> for a "
+            f"mirror) and run the command again, or download {by_hand}") from None
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        raise SeqmixError(f"cannot write into {folder} ({e.strerror}); free some space, or set SEQMIX_DATA_DIR "
+                          "(or paths.data_dir) to a disk with room, and run the command again: it resumes "
+                          "where it stopped") from None
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _fetch_missing(corpus: Corpus, files: list[RemoteFile], folder: Path, report: Callable[[str], None]) -> None:
     todo = [f for f in files if not _present(f, folder, report)]
     _check_room(todo, folder)
     archives: set[Path] = set()
+    by_hand = f"the files by hand ({corpus.homepage}) and put {', '.join(g.name for g in files)} in {folder}"
     for f in todo:
         report(f"{folder / f.name}: downloading {mirrored(f.url)}")
-        try:
+        with _download_errors(f, folder, by_hand):
             _fetch_file(f, folder, archives)
-        except Unreachable as e:
-            upstream = "" if mirrored(f.url) == f.url else f" (upstream: {f.url})"
-            raise SeqmixError(
-                f"{e}{upstream}; check the network (HTTPS_PROXY behind a proxy, {MIRROR_VARIABLE}=<url> for a "
-                f"mirror) and run the command again, or download the files by hand ({corpus.homepage}) and put "
-                f"{', '.join(g.name for g in files)} in {folder}") from None
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise
-            raise SeqmixError(f"cannot write into {folder} ({e.strerror}); free some space, or set SEQMIX_DATA_DIR "
-                              "(or paths.data_dir) to a disk with room, and run the command again: it resumes "
-                              "where it stopped") from None
         report(f"{folder / f.name}: {(folder / f.name).stat().st_size:,} bytes, size and sha256 checked")
     for archive in archives:
         archive.unlink(missing_ok=True)
+
+
+def _prepared_already(folder: Path, wanted: list[str], report: Callable[[str], None]) -> list[Path]:
+    """A folder that exists is never written into: it was prepared whole, or it is the user's own."""
+    missing = [name for name in wanted if not (folder / name).is_file()]
+    if missing:
+        raise SeqmixError(f"{folder} is there but holds no {', '.join(missing)}; download=true prepares the whole "
+                          "folder and never writes into one that exists: move it away and run the command again")
+    report(f"{folder}: present, left as it is")
+    return [folder / name for name in wanted]
+
+
+def _prepare(corpus: Corpus, archive: Path, folder: Path, report: Callable[[str], None]) -> None:
+    """Prepare into a new folder beside the archive, then rename it to ``folder``: ``folder`` is whole or absent.
+    An archive the preparation refuses is deleted with its folder, so that the next run downloads it anew."""
+    work = archive.with_name("prepared")
+    shutil.rmtree(work, ignore_errors=True)  # left by a run that was killed
+    try:
+        corpus.prepare(archive, work, report)
+        os.rename(work, folder)
+    except SeqmixError as e:
+        shutil.rmtree(archive.parent, ignore_errors=True)
+        problem = " ".join(str(e).split("\n"))
+        raise SeqmixError(f"{problem}; it was deleted and nothing was written to {folder}: run the command again to "
+                          "download it anew") from None
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        raise SeqmixError(f"cannot write into {work} ({e.strerror}); free some space, or set SEQMIX_DATA_DIR (or "
+                          "paths.data_dir) to a disk with room, and run the command again") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def fetch_prepared(corpus: Corpus, folder: Path, wanted: list[str], report: Callable[[str], None]) -> list[Path]:
+    """A corpus prepared from an archive: the archive is fetched into ``<folder>.download`` (an interrupted download
+    resumes there; a copy put there by hand is used), prepared, and the folder renamed into place; the archive is
+    then deleted. One process at a time; a folder already there is left as it is."""
+    if folder.exists():
+        return _prepared_already(folder, wanted, report)
+    f, staging = corpus.files[0], folder.with_name(folder.name + ".download")
+    archive = staging / f.name
+    with contextlib.ExitStack() as held:
+        try:
+            staging.mkdir(parents=True, exist_ok=True)
+            held.enter_context(exclusive(staging / ".download.lock", f"the download into {folder}"))
+        except OSError as e:
+            raise SeqmixError(f"cannot write into {staging.parent} ({e.strerror or e}); set SEQMIX_DATA_DIR (or "
+                              "paths.data_dir) to a folder of yours") from None
+        if folder.exists():  # prepared by another process while this one waited
+            return _prepared_already(folder, wanted, report)
+        if not archive.exists():
+            report(f"{archive}: downloading {mirrored(f.url)}")
+            with _download_errors(f, staging, f"{f.name} by hand ({corpus.homepage}) and put it in {staging}"):
+                download(mirrored(f.url), archive, f.size, f.sha256)
+            checked = "size and sha256 checked" if f.sha256 else "no published size or sha256 to check it against"
+            report(f"{archive}: {archive.stat().st_size:,} bytes, {checked}")
+        _prepare(corpus, archive, folder, report)
+    shutil.rmtree(staging, ignore_errors=True)
+    return [folder / name for name in wanted]
