@@ -133,6 +133,20 @@ class AnyOf(Rule):
         return any(r.allows(value) for r in self.rules)
 
 
+@dataclass(frozen=True)
+class Described(Rule):
+    """``rule`` described in the words of the setting (what a special value such as -1 means)."""
+
+    rule: Rule
+    words: str
+
+    def describe(self) -> str:
+        return self.words
+
+    def allows(self, value) -> bool:
+        return self.rule.allows(value)
+
+
 def maybe(rule: Rule) -> Rule:
     """``rule``, or null."""
     return AnyOf((rule, Choice((None,))))
@@ -149,7 +163,8 @@ SEED = Number(0, 2**32 - 1, whole=True)
 ON_OFF_AUTO = AnyOf((FLAG, Choice(("auto",))))
 MIN_MAX = Choice(("min", "max"))
 KERNEL_SIZES = AnyOf((COUNT, ListOf(COUNT)))
-KEEP_ALL_OR_N = AnyOf((Choice((-1,)), COUNT))  # fairseq's --keep-*: -1 keeps all (0 would be ambiguous there)
+# fairseq's --keep-*-updates: -1 keeps all (0 too in fairseq, which reads as "none": refused)
+KEEP_ALL_OR_N = Described(AnyOf((Choice((-1,)), COUNT)), "-1 (keep all) or a whole number >= 1 (the newest N)")
 PAPER_BLEU = maybe(AnyOf((Choice(PAPER_BLEU_KINDS), ListOf(Choice(PAPER_BLEU_KINDS), min_length=1))))
 
 # A mixer's options, wherever a mixer is configured: the mixer group's node, a stack's mixer, a hybrid's legend

@@ -314,7 +314,7 @@ def _save_in_run(trainer: L.Trainer, name: str) -> Path | None:
     directory = _checkpoint_dir(trainer)
     if directory is None or trainer.global_step == 0 or trainer.sanity_checking or trainer.fast_dev_run:
         return None
-    trainer.save_checkpoint(directory / name)
+    trainer.save_checkpoint(directory / name, weights_only=False)  # the whole state, said without a log line
     return directory / name
 
 
