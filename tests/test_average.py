@@ -1,6 +1,8 @@
 """``python -m seqmix.average``: the written checkpoint holds the float64 mean of the chosen checkpoints' weights
 (checked against a hand average), decodes like ``generate.py average_last=N`` on the fly, carries no training
-state, and mismatched models or an existing output are refused in one line with nothing written."""
+state, and mismatched models or an existing output are refused in one line with nothing written. A train.py run with
+save_interval_updates keeps its newest interval checkpoints, each resuming as last.ckpt does; their average (--updates)
+is their float64 mean, decodes like average_updates=true on the fly and exports to fairseq with its weights."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import torch
 
 from seqmix.config.build import build_task, load_task
 from seqmix.data.tokenizer import train_tokenizer
-from seqmix.interop.fairseq import save_seqmix_checkpoint
+from seqmix.interop.fairseq import import_checkpoint, save_seqmix_checkpoint
+from tests.helpers import TINY as HELPER_TINY
 from tests.helpers import describe, run, run_config
 
 pytestmark = pytest.mark.slow
@@ -81,4 +84,77 @@ def test_mistakes_end_in_one_line_and_write_nothing(case, run_dir, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, describe(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("seqmix: error:")]
     assert len(errors) == 1 and needle in errors[0], describe(proc)
+    assert not (tmp_path / "avg.ckpt").exists()
+
+
+INTERVAL_RUN = [*HELPER_TINY, "task.data.max_tokens=512", "trainer.max_steps=9", "trainer.max_epochs=-1",
+                "run_test=false", "trainer.limit_val_batches=1", "model.dropout=0.1", "trainer.accumulate_grad_batches=2",
+                "save_interval_updates=2", "keep_interval_updates=3"]
+
+
+def train_interval_run(folder, *extra):
+    proc = run("train.py", [*INTERVAL_RUN, f"hydra.run.dir={folder / 'run'}", *extra], folder / "logs")
+    assert proc.returncode == 0, describe(proc)
+    return folder / "run" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def interval_run(tmp_path_factory):
+    """A train.py run of 9 updates (2 batches each) saving every 2 updates, the newest 3 kept."""
+    return train_interval_run(tmp_path_factory.mktemp("interval"))
+
+
+def state(path):
+    return torch.load(path, weights_only=False)
+
+
+def test_a_run_keeps_the_newest_interval_checkpoints_and_each_resumes_like_last_ckpt(interval_run, tmp_path):
+    assert sorted(p.name for p in interval_run.glob("update*")) == [f"update{u:07d}.ckpt" for u in (4, 6, 8)]
+    assert [state(interval_run / f"update{u:07d}.ckpt")["global_step"] for u in (4, 6, 8)] == [4, 6, 8]
+    resumed = train_interval_run(tmp_path, f"ckpt_path={interval_run / 'update0000006.ckpt'}")
+    assert sorted(p.name for p in resumed.glob("update*")) == ["update0000008.ckpt"]
+    for name in ("update0000008.ckpt", "last.ckpt"):  # the same updates on the same batches: bitwise the same
+        ours, theirs = state(resumed / name), state(interval_run / name)
+        assert ours["global_step"] == theirs["global_step"]
+        assert all(torch.equal(ours["state_dict"][k], v) for k, v in theirs["state_dict"].items()), name
+
+
+def test_the_average_of_the_last_two_updates_is_their_mean_and_decodes_and_exports(interval_run, tmp_path):
+    proc = average([interval_run.parent, "--updates", "--last", "2", "--out", tmp_path / "avg.ckpt"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    assert "update0000006.ckpt, update0000008.ckpt" in proc.stdout
+    written = state(tmp_path / "avg.ckpt")
+    a, b = (state(interval_run / f"update{u:07d}.ckpt")["state_dict"] for u in (6, 8))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    for key, value in written["state_dict"].items():
+        hand = ((a[key].double() + b[key].double()) / 2).to(value.dtype) if value.is_floating_point() else b[key]
+        assert torch.equal(value, hand), key
+    hyps = []
+    for name, args in (("file", [f"ckpt_path={tmp_path / 'avg.ckpt'}"]),
+                       ("on the fly", [f"ckpt_path={interval_run / 'last.ckpt'}", "average_last=2",
+                                       "average_updates=true"])):
+        proc = run("generate.py", [*args, "split=valid", f"output={tmp_path / name}.txt"], tmp_path / name)
+        assert proc.returncode == 0 and "BLEU" in proc.stdout, describe(proc)
+        hyps.append((tmp_path / f"{name}.txt").read_text())
+    assert hyps[0] == hyps[1] and hyps[0].strip()
+    proc = run("seqmix.interop.fairseq", ["export", str(tmp_path / "avg.ckpt"), "--out", str(tmp_path / "fairseq")],
+               tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    import_checkpoint(tmp_path / "fairseq" / "checkpoint.pt", tmp_path / "fairseq", tmp_path / "back.ckpt")
+    back = {k: v for k, v in state(tmp_path / "back.ckpt")["state_dict"].items() if k.startswith("model.")}
+    model = {k: v for k, v in written["state_dict"].items() if k.startswith("model.")}
+    assert sorted(back) == sorted(model) and all(torch.equal(back[k], v) for k, v in model.items())
+
+
+@pytest.mark.parametrize("case", ["more than were kept", "files with --updates"])
+def test_interval_mistakes_end_in_one_line_and_write_nothing(case, interval_run, tmp_path):
+    if case == "more than were kept":
+        args, needles = [interval_run.parent, "--updates", "--last", "4"], (
+            "holds only 3 interval checkpoints", "keep_interval_updates>=4")
+    else:
+        args, needles = [*sorted(interval_run.glob("update*")), "--updates"], ("--updates picks from one folder",)
+    proc = average([*args, "--out", tmp_path / "avg.ckpt"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, describe(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("seqmix: error:")]
+    assert len(errors) == 1 and all(n in errors[0] for n in needles), describe(proc)
     assert not (tmp_path / "avg.ckpt").exists()

@@ -142,7 +142,7 @@ def print_decoding_settings(task, overrides: dict, stream) -> None:
 
 def generate(cfg: DictConfig) -> float | None:
     check_generate_config(cfg)
-    task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last)
+    task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last, cfg.get("average_updates", False))
     if cfg.get("distill_dir") and cfg.input:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
@@ -186,6 +186,7 @@ def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
     if cfg.input or cfg.get("data") or ckpt.parent.name != "checkpoints":
         return
     run_dir = ckpt.parent.parent
-    checkpoint = ckpt.name + (f" (average of the last {cfg.average_last})" if cfg.average_last else "")
+    kind = " interval checkpoints" if cfg.get("average_updates") else ""
+    checkpoint = ckpt.name + (f" (average of the last {cfg.average_last}{kind})" if cfg.average_last else "")
     if record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details):
         print(f"recorded in {run_dir / RECORD}")

@@ -27,7 +27,7 @@ from seqmix.models.compiled import check_decoding_setting, check_setting
 from seqmix.models.nat import NATModel
 from seqmix.tasks import LanguageModelingTask, SummarizationTask, TranslationTask
 from seqmix.tasks.nat_translation import NonAutoregressiveTranslationTask
-from seqmix.training.checkpoints import average_checkpoints, latest_epoch_checkpoints, load_checkpoint
+from seqmix.training.checkpoints import average_checkpoints, latest_checkpoints, load_checkpoint
 
 T = TypeVar("T")
 
@@ -141,11 +141,13 @@ def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
 
 
-def load_task(ckpt_path: str | os.PathLike, average_last: int = 0) -> tuple[object, DictConfig]:
+def load_task(ckpt_path: str | os.PathLike, average_last: int = 0,
+              average_updates: bool = False) -> tuple[object, DictConfig]:
     """(task with its model in eval mode, training config) from a checkpoint, or from the mean of the latest
-    ``average_last`` epoch checkpoints beside it."""
+    ``average_last`` epoch checkpoints beside it (``average_updates``: interval checkpoints, update<N>.ckpt)."""
     if average_last and average_last > 1:
-        ckpt = average_checkpoints(latest_epoch_checkpoints(Path(ckpt_path).parent, average_last))
+        asked = "average_last={n} average_updates=true" if average_updates else "average_last={n}"
+        ckpt = average_checkpoints(latest_checkpoints(Path(ckpt_path).parent, average_last, asked, average_updates))
     else:
         ckpt = load_checkpoint(ckpt_path)
     meta = ckpt["seqmix"]

@@ -134,6 +134,20 @@ class AnyOf(Rule):
         return any(r.allows(value) for r in self.rules)
 
 
+@dataclass(frozen=True)
+class Described(Rule):
+    """``rule`` described in the words of the setting (what a special value such as -1 means)."""
+
+    rule: Rule
+    words: str
+
+    def describe(self) -> str:
+        return self.words
+
+    def allows(self, value) -> bool:
+        return self.rule.allows(value)
+
+
 def maybe(rule: Rule) -> Rule:
     """``rule``, or null."""
     return AnyOf((rule, Choice((None,))))
@@ -150,6 +164,8 @@ SEED = Number(0, 2**32 - 1, whole=True)
 ON_OFF_AUTO = AnyOf((FLAG, Choice(("auto",))))
 MIN_MAX = Choice(("min", "max"))
 KERNEL_SIZES = AnyOf((COUNT, ListOf(COUNT)))
+# fairseq's --keep-*-updates: -1 keeps all (0 too in fairseq, which reads as "none": refused)
+KEEP_ALL_OR_N = Described(AnyOf((Choice((-1,)), COUNT)), "-1 (keep all) or a whole number >= 1 (the newest N)")
 PAPER_BLEU = maybe(AnyOf((Choice(PAPER_BLEU_KINDS), ListOf(Choice(PAPER_BLEU_KINDS), min_length=1))))
 
 # A mixer's options, wherever a mixer is configured: the mixer group's node, a stack's mixer, a hybrid's legend
@@ -209,7 +225,8 @@ CALLBACKS = {
     "callbacks.*.dirpath": TEXT, "callbacks.*.filename": TEXT, "callbacks.*.monitor": maybe(TEXT),
     "callbacks.*.mode": MIN_MAX, "callbacks.*.save_top_k": Number(-1, whole=True),
     "callbacks.*.auto_insert_metric_name": FLAG, "callbacks.*.save_on_train_epoch_end": maybe(FLAG),
-    "callbacks.last_checkpoint.every_n_updates": COUNT0, "callbacks.lr_monitor.logging_interval": maybe(
+    "callbacks.last_checkpoint.every_n_updates": COUNT0, "callbacks.interval_checkpoints.every_n_updates": COUNT0,
+    "callbacks.interval_checkpoints.keep": KEEP_ALL_OR_N, "callbacks.lr_monitor.logging_interval": maybe(
         Choice(("step", "epoch"))), "callbacks.progress_bar.metrics_interval": maybe(COUNT),
     "callbacks.stop_min_lr.min_lr": NONNEGATIVE, "callbacks.dashboard.samples": COUNT0,
     "callbacks.dashboard.pictures": FLAG, "callbacks.dashboard.pictures_dir": TEXT, "callbacks.dashboard.max_heads": COUNT,
@@ -241,6 +258,7 @@ TRAIN = {
     "slurm_requeue": FLAG, "fused_loss": FLAG, "resume": Choice(("auto", "never")), "label_smoothing": PROBABILITY,
     "compile": ON_OFF_AUTO, "compile_decoding": ON_OFF_AUTO, "nonfinite": Choice(("raise", "skip")),
     "nonfinite_skip_limit": COUNT, "stop_min_lr": NONNEGATIVE, "keep_last_epochs": COUNT0,
+    "save_interval_updates": COUNT0, "keep_interval_updates": KEEP_ALL_OR_N,
     "ckpt_path": maybe(TEXT), "init_from": maybe(TEXT),
     "optim.lr": Number(0, open_low=True), "optim.weight_decay": NONNEGATIVE, "optim.eps": Number(0, open_low=True),
     "optim.betas": ListOf(Number(0, 1, open_high=True), length=2), "optim.momentum": Number(0, 1, open_high=True),
@@ -252,7 +270,7 @@ TRAIN = {
 }
 PREPROCESS = {**TASK, "download": FLAG}  # preprocess.py reads the task (and download) of the train.yaml it composes
 GENERATE = {
-    **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "max_tokens": COUNT,
+    **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "average_updates": FLAG, "max_tokens": COUNT,
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,
     "split": TEXT, "device": TEXT, "output": TEXT, "ckpt_path": TEXT, "input": maybe(TEXT),
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,

@@ -8,6 +8,7 @@ import inspect
 import logging
 import os
 import pydoc
+import re
 from pathlib import Path
 
 import lightning as L
@@ -243,18 +244,43 @@ def write_averaged(paths: list[str | os.PathLike], out: str | os.PathLike) -> di
     return averaged
 
 
-def latest_epoch_checkpoints(directory: str | os.PathLike, n: int, asked: str = "average_last={n}") -> list[Path]:
-    """The ``n`` epoch checkpoints with the highest step in ``directory`` (oldest first); ``asked``: the setting
-    that asked for them, as the error names it."""
+def _epoch_checkpoints(directory: Path) -> list[Path]:
     def step_of(p: Path) -> int:
         try:
             return int(p.stem.rsplit("step", 1)[1])
         except (IndexError, ValueError):
             return -1
-    found = sorted((p for p in Path(directory).glob("epoch*-step*.ckpt")), key=step_of)
+    return sorted(directory.glob("epoch*-step*.ckpt"), key=step_of)
+
+
+# update<N>.ckpt: IntervalCheckpoints' files, unlike any other checkpoint name of a run (epoch*, last, best, ...)
+INTERVAL_NAME = re.compile(r"update(\d+)\.ckpt")
+
+
+def interval_checkpoint_name(updates: int) -> str:
+    """Zero-padded, so that a listing shows them in update order."""
+    return f"update{updates:07d}.ckpt"
+
+
+def interval_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The interval checkpoints (``update<N>.ckpt``) in ``directory``, by update count."""
+    named = [(INTERVAL_NAME.fullmatch(p.name), p) for p in Path(directory).glob("update*.ckpt")]
+    return [p for _, p in sorted((int(match.group(1)), p) for match, p in named if match)]
+
+
+def latest_checkpoints(directory: str | os.PathLike, n: int, asked: str = "average_last={n}",
+                       updates: bool = False) -> list[Path]:
+    """The ``n`` epoch checkpoints with the highest step in ``directory`` (``updates``: the ``n`` interval checkpoints
+    with the most updates), oldest first; ``asked``: the setting that asked for them, as the error names it."""
+    directory = Path(directory)
+    if updates:
+        found, kind = interval_checkpoints(directory), "interval checkpoints (update*.ckpt)"
+        more = f"save_interval_updates=<K> and keep_interval_updates>={n} (or -1)"
+    else:
+        found, kind, more = _epoch_checkpoints(directory), "epoch checkpoints", f"keep_last_epochs>={n}"
     if len(found) < n:
-        raise SeqmixError(f"{asked.format(n=n)} but {directory} holds only {len(found)} epoch checkpoints; "
-                          f"train with keep_last_epochs>={n} or ask for fewer")
+        raise SeqmixError(f"{asked.format(n=n)} but {directory} holds only {len(found)} {kind}; "
+                          f"train with {more} or ask for fewer")
     return found[-n:]
 
 
@@ -281,6 +307,24 @@ def _checkpoint_dir(trainer: L.Trainer) -> Path | None:
     return None
 
 
+def _save_in_run(trainer: L.Trainer, name: str) -> Path | None:
+    """The trainer's whole state (what resuming reads) as ``name`` in the run's checkpoints folder, atomically
+    (AtomicCheckpointIO); nothing before the first update, while sanity checking or under fast_dev_run, as Lightning's
+    own ModelCheckpoint. Returns the file written."""
+    directory = _checkpoint_dir(trainer)
+    if directory is None or trainer.global_step == 0 or trainer.sanity_checking or trainer.fast_dev_run:
+        return None
+    trainer.save_checkpoint(directory / name, weights_only=False)  # the whole state, said without a log line
+    return directory / name
+
+
+def _update_due(trainer: L.Trainer, every: int, saved_step: int) -> bool:
+    """An update count that is a multiple of ``every`` (0: never) and not yet saved: ``on_train_batch_end`` sees the
+    same count over the batches one update accumulates, and this answers once."""
+    step = trainer.global_step
+    return bool(every) and step % every == 0 and step != saved_step
+
+
 class LastCheckpoint(Checkpoint):
     """last.ckpt after every training epoch (its validation included), every ``every_n_updates`` optimizer updates
     within epochs (0: never; WMT epochs are hours) and when training ends, mid-epoch too (max_steps, max_time);
@@ -304,17 +348,13 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = -1
 
     def _save_last(self, trainer: L.Trainer) -> None:
-        directory = _checkpoint_dir(trainer)
-        # fast_dev_run saves nothing, as Lightning's own ModelCheckpoint does under it
-        if directory is not None and trainer.global_step > 0 and not trainer.sanity_checking \
-                and not trainer.fast_dev_run:
-            trainer.save_checkpoint(directory / self.last_name)
-            self.last_path = str(directory / self.last_name)
+        path = _save_in_run(trainer, self.last_name)
+        if path is not None:
+            self.last_path = str(path)
             self._saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
-        step = trainer.global_step  # unchanged over the batches one update accumulates: saved once
-        if self.every_n_updates and step % self.every_n_updates == 0 and step != self._saved_step:
+        if _update_due(trainer, self.every_n_updates, self._saved_step):
             self._save_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -341,3 +381,33 @@ class LastCheckpoint(Checkpoint):
         self.interrupted_path = str(path)
         log.warning("training stopped by %s; state saved to %s (resume with ckpt_path=%s)",
                     type(exception).__name__, path, path)
+
+
+class IntervalCheckpoints(Checkpoint):
+    """update<N>.ckpt every ``every_n_updates`` optimizer updates (0: never), fairseq's ``--save-interval-updates``,
+    for averaging the last checkpoints by update (``python -m seqmix.average <run> --updates --last N``) where an
+    epoch is hours long; the newest ``keep`` are kept (``--keep-interval-updates``; -1: all). Each holds what
+    last.ckpt holds (written by the same call at the same point), so each resumes as last.ckpt does. Only files named
+    as it names them, in the run's checkpoints folder, are deleted, and only once the new one is whole. List it after
+    the ModelCheckpoints (as conf/callbacks does), as LastCheckpoint."""
+
+    def __init__(self, every_n_updates: int = 0, keep: int = -1) -> None:
+        if every_n_updates < 0:
+            raise SeqmixError(f"every_n_updates={every_n_updates} must be >= 0 (0: no interval checkpoints)")
+        if keep == 0 or keep < -1:
+            raise SeqmixError(f"keep={keep} must be -1 (keep all) or >= 1 (the newest N)")
+        self.every_n_updates = every_n_updates
+        self.keep = keep
+        self._saved_step = -1
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        if not _update_due(trainer, self.every_n_updates, self._saved_step):
+            return
+        path = _save_in_run(trainer, interval_checkpoint_name(trainer.global_step))
+        if path is None:
+            return
+        self._saved_step = trainer.global_step
+        if self.keep > 0 and trainer.is_global_zero:  # save_checkpoint returned: the new file is whole on disk
+            for old in interval_checkpoints(path.parent)[:-self.keep]:
+                if old != path:
+                    old.unlink(missing_ok=True)
