@@ -325,7 +325,18 @@ def _update_due(trainer: L.Trainer, every: int, saved_step: int) -> bool:
     return bool(every) and step % every == 0 and step != saved_step
 
 
-class LastCheckpoint(Checkpoint):
+class _OncePerUpdate(Checkpoint):
+    """Saves at most once per update count; a resumed run's first count is its checkpoint's, saved already (with
+    gradient accumulation, saving it again after the update's first batch would record a place in the epoch past
+    batches whose gradients the file does not hold)."""
+
+    _saved_step = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._saved_step = trainer.global_step
+
+
+class LastCheckpoint(_OncePerUpdate):
     """last.ckpt after every training epoch (its validation included), every ``every_n_updates`` optimizer updates
     within epochs (0: never; WMT epochs are hours) and when training ends, mid-epoch too (max_steps, max_time);
     interrupted.ckpt when training dies (exception, Ctrl-C). A run killed outright (OOM killer, preemption) thus
@@ -383,7 +394,7 @@ class LastCheckpoint(Checkpoint):
                     type(exception).__name__, path, path)
 
 
-class IntervalCheckpoints(Checkpoint):
+class IntervalCheckpoints(_OncePerUpdate):
     """update<N>.ckpt every ``every_n_updates`` optimizer updates (0: never), fairseq's ``--save-interval-updates``,
     for averaging the last checkpoints by update (``python -m seqmix.average <run> --updates --last N``) where an
     epoch is hours long; the newest ``keep`` are kept (``--keep-interval-updates``; -1: all). Each holds what
