@@ -150,13 +150,19 @@ def load_task(ckpt_path: str | os.PathLike, average_last: int = 0,
         ckpt = average_checkpoints(latest_checkpoints(Path(ckpt_path).parent, average_last, asked, average_updates))
     else:
         ckpt = load_checkpoint(ckpt_path)
+    return task_from_checkpoint(ckpt, str(ckpt_path))
+
+
+def task_from_checkpoint(ckpt: dict, name: str) -> tuple[object, DictConfig]:
+    """(task with its model in eval mode, training config) from a loaded (or averaged) seqmix checkpoint; ``name``
+    says which in an error."""
     meta = ckpt["seqmix"]
     train_cfg = OmegaConf.create(meta["config"])
     task = build_task(train_cfg, Tokenizer.from_json(meta["tokenizer"]))
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     missing, unexpected = task.model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise SeqmixError(f"checkpoint {ckpt_path} does not match its own model config "
+        raise SeqmixError(f"checkpoint {name} does not match its own model config "
                           f"(missing {missing[:3]}, unexpected {unexpected[:3]}); it is corrupt or from another version")
     task.eval()
     return task, train_cfg

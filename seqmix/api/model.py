@@ -1,0 +1,107 @@
+"""The Python face of a trained model: one object around the task a checkpoint rebuilds, whose methods call the
+task's own decoding and scoring (the path ``generate.py`` takes), so a notebook and the command give the same
+outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from seqmix.average import checkpoints_to_average
+from seqmix.config.build import load_task, task_from_checkpoint
+from seqmix.errors import SeqmixError
+from seqmix.tasks import LanguageModelingTask, SummarizationTask, TranslationTask
+from seqmix.training.checkpoints import average_checkpoints
+
+PathLike = str | os.PathLike
+
+
+def load(checkpoint: PathLike | None = None, *, average: list[PathLike] | None = None, average_last: int = 0,
+         average_updates: bool = False, device: str | torch.device = "cpu") -> Model:
+    """A seqmix checkpoint (``best.ckpt``, an averaged or a fairseq-imported one), or the mean of the checkpoint
+    files in ``average``, or of the latest ``average_last`` epoch (``average_updates``: interval) checkpoints
+    beside ``checkpoint``; in eval mode on ``device``."""
+    if (checkpoint is None) == (average is None):
+        raise SeqmixError("seqmix.load: give a checkpoint, or average=[checkpoint files] (not both)")
+    if average is not None:
+        paths = checkpoints_to_average([str(p) for p in average], None)
+        task, config = task_from_checkpoint(average_checkpoints(paths), f"average of {', '.join(map(str, paths))}")
+    else:
+        if not Path(checkpoint).is_file():
+            raise SeqmixError(f"seqmix.load: checkpoint {checkpoint} does not exist")
+        task, config = load_task(checkpoint, average_last, average_updates)
+    return Model(task, config).to(device)
+
+
+class Model:
+    """A trained model: ``translate`` / ``summarize`` (sequence-to-sequence), ``perplexity`` (language models).
+    Inputs are plain text; batches are formed by tokens inside (``max_tokens``); decoding options default to the
+    checkpoint's task settings (``model.settings()`` says them) and any of them can be given per call."""
+
+    def __init__(self, task, config) -> None:
+        self.task = task
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.model.name} ({self.config.task.name})"
+
+    @property
+    def tokenizer(self):
+        return self.task.tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.task.model.parameters()).device
+
+    def to(self, *args, **kwargs) -> Model:
+        """A device and/or dtype, as ``nn.Module.to``."""
+        self.task.to(*args, **kwargs)
+        return self
+
+    def half(self) -> Model:
+        self.task.half()
+        return self
+
+    def settings(self, **options) -> str:
+        """What decoding runs with under ``options`` (the rest from the checkpoint's task)."""
+        return self.task.decoding_settings(**options)
+
+    def translate(self, sentences: list[str] | str, max_tokens: int = 8000, **options) -> list[str] | str:
+        """Translations of ``sentences`` (a string gives a string) with the checkpoint's decoding settings, any of
+        them overridden by ``options`` (beam_size, len_penalty, max_len_a, max_len_b, ...)."""
+        self._require(TranslationTask, "translate", "it is a language model: use perplexity()")
+        return self._decode(sentences, max_tokens, options)
+
+    def summarize(self, documents: list[str] | str, max_tokens: int = 8000, **options) -> list[str] | str:
+        """Summaries of ``documents``, truncated as in training, with the task's length bounds and options."""
+        self._require(SummarizationTask, "summarize", "it is not a summarization model: use translate()")
+        return self._decode(documents, max_tokens, options)
+
+    def perplexity(self, texts: list[str] | str, max_tokens: int = 8000, eval_context: int | None = None) -> float:
+        """Perplexity of ``texts`` (each line followed by ``</s>``) with the training block settings, as
+        ``generate.py`` reports it for a language model."""
+        self._require(LanguageModelingTask, "perplexity", "it is not a language model")
+        _, report = self.task.evaluate_texts(_as_list(texts), None, max_tokens, eval_context=eval_context)
+        return report.metrics["perplexity"]
+
+    def _decode(self, texts: list[str] | str, max_tokens: int, options: dict) -> list[str] | str:
+        given = _as_list(texts)
+        if not all(isinstance(t, str) for t in given):
+            raise SeqmixError("give the inputs as a string or a list of strings")
+        with torch.inference_mode():
+            outputs, _ = self.task.evaluate_texts(given, None, max_tokens, **options)
+        return outputs[0] if isinstance(texts, str) else outputs
+
+    def _require(self, kind: type, method: str, otherwise: str) -> None:
+        if not isinstance(self.task, kind):
+            raise SeqmixError(f"{method}() does not apply to {self.name}: {otherwise}")
+
+    def __repr__(self) -> str:
+        return f"seqmix.Model({self.name}, {self.device})"
+
+
+def _as_list(texts: list[str] | str) -> list[str]:
+    return [texts] if isinstance(texts, str) else list(texts)

@@ -1,0 +1,113 @@
+"""``seqmix.load``: a checkpoint in Python decodes, summarizes and scores exactly as ``generate.py`` does from the same
+file; averages of listed files equal the written average; devices and dtypes move the model; calls that do not fit
+the model end in one SeqmixError."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import seqmix
+from seqmix.config.build import build_task
+from seqmix.data.tokenizer import train_tokenizer
+from seqmix.errors import SeqmixError
+from seqmix.interop.fairseq import save_seqmix_checkpoint
+from seqmix.training.checkpoints import write_averaged
+from tests.helpers import describe, run, run_config
+
+TINY = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1",
+        "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
+        "model.decoder.cross_attention_heads=2"]
+LM_TINY = ["task=wikitext2", "model.embed_dim=16", "model.decoder.layers=1", "model.decoder.ffn_dim=32",
+           "model.decoder.heads=2", "task.adaptive.input=false", "task.adaptive.softmax=false",
+           "task.data.tokens_per_sample=32"]
+TEXTS = ["a b c d", "h g f", "c c a b e"]
+
+
+def tokenizer():
+    return train_tokenizer(["a b c d e f g h", "h g f e d c b a"] * 20, vocab_size=40)
+
+
+def random_checkpoint(path, overrides, seed: int):
+    task = build_task(run_config(overrides), tokenizer())
+    torch.manual_seed(seed)
+    for p in task.model.parameters():
+        p.data.normal_(0, 0.5)
+    save_seqmix_checkpoint(path, task)
+    return path
+
+
+@pytest.fixture(scope="module")
+def translation_ckpts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("api")
+    return [random_checkpoint(folder / f"m{i}.ckpt", TINY, i) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def lm_ckpt(tmp_path_factory):
+    return random_checkpoint(tmp_path_factory.mktemp("lm") / "lm.ckpt", LM_TINY, 3)
+
+
+@pytest.mark.slow
+def test_translate_gives_what_generate_py_writes_from_the_same_checkpoint(translation_ckpts, tmp_path):
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in TEXTS))
+    proc = run("generate.py", [f"ckpt_path={translation_ckpts[0]}", f"input={tmp_path / 'in.txt'}",
+                               f"output={tmp_path / 'out.txt'}", "beam_size=3"], tmp_path)
+    assert proc.returncode == 0, describe(proc)
+    model = seqmix.load(translation_ckpts[0])
+    assert model.translate(TEXTS, beam_size=3) == (tmp_path / "out.txt").read_text().splitlines()
+    assert model.translate(TEXTS[1], beam_size=3) == model.translate(TEXTS, beam_size=3)[1]
+    assert "beam_size=3" in model.settings(beam_size=3)
+
+
+def test_small_token_budgets_batch_inside_and_change_nothing(translation_ckpts):
+    model = seqmix.load(translation_ckpts[1])
+    assert model.translate(TEXTS * 3, max_tokens=8) == model.translate(TEXTS * 3)
+
+
+def test_an_average_of_listed_files_equals_the_written_average(translation_ckpts, tmp_path):
+    write_averaged(translation_ckpts, tmp_path / "avg.ckpt")
+    listed = seqmix.load(average=translation_ckpts)
+    written = seqmix.load(tmp_path / "avg.ckpt")
+    for (name, a), (_, b) in zip(listed.task.model.state_dict().items(), written.task.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert listed.translate(TEXTS) == written.translate(TEXTS)
+    assert listed.translate(TEXTS) != seqmix.load(translation_ckpts[1]).translate(TEXTS)
+
+
+def test_to_and_half_move_the_weights_and_double_precision_decodes_the_same(translation_ckpts):
+    model = seqmix.load(translation_ckpts[0])
+    single = model.translate(TEXTS)
+    assert model.to(torch.float64) is model
+    assert {p.dtype for p in model.task.model.parameters()} == {torch.float64}
+    assert model.translate(TEXTS) == single
+    assert next(model.half().task.model.parameters()).dtype == torch.float16
+    assert model.device == torch.device("cpu") and "transformer_small" in repr(model)
+
+
+def test_perplexity_is_the_exponent_of_the_mean_next_token_loss(lm_ckpt):
+    model = seqmix.load(lm_ckpt)
+    tok, net = model.tokenizer, model.task.model
+    ids = tok.encode_batch(["a b c d"])[0]
+    tokens = torch.tensor([[tok.eos, *ids]])
+    target = [*ids, tok.eos]
+    with torch.no_grad():
+        logp = net.log_probs(net(tokens)).double()[0]
+    nll = -sum(float(logp[t, y]) for t, y in enumerate(target)) / len(target)
+    assert model.perplexity("a b c d") == pytest.approx(math.exp(nll), rel=1e-5)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda m, lm: m.perplexity(TEXTS), "not a language model"),
+    (lambda m, lm: m.summarize(TEXTS), "not a summarization model"),
+    (lambda m, lm: lm.translate(TEXTS), "language model"),
+    (lambda m, lm: m.translate([1, 2]), "list of strings"),
+    (lambda m, lm: seqmix.load("no/such.ckpt"), "does not exist"),
+    (lambda m, lm: seqmix.load(), "give a checkpoint"),
+    (lambda m, lm: seqmix.load(lm_ckpt, average=[lm_ckpt]), "not both"),
+])
+def test_calls_that_do_not_fit_the_model_are_one_error(call, needle, translation_ckpts, lm_ckpt):
+    with pytest.raises(SeqmixError, match=needle):
+        call(seqmix.load(translation_ckpts[0]), seqmix.load(lm_ckpt))
