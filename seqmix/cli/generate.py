@@ -15,8 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from seqmix.cli.score_reference import check_score_reference, score_references
-from seqmix.config.ensemble import load_checkpoints
 from seqmix.config.download import suggest_download
+from seqmix.config.ensemble import load_checkpoints
 from seqmix.config.schema import check_generate_config
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError

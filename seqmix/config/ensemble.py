@@ -62,7 +62,8 @@ def check_compatible(first: tuple[str, object, DictConfig], other: tuple[str, ob
     elif a.tokenizer.content_hash() != b.tokenizer.content_hash():
         problem = "their tokenizers/vocabularies differ"
     elif a.decoder_start != b.decoder_start:
-        problem = f"their decoders start with different symbols (model.decoder_start {a.decoder_start} and {b.decoder_start})"
+        problem = (f"their decoders start with different symbols (model.decoder_start {a.decoder_start} and "
+                   f"{b.decoder_start})")
     else:
         return
     raise SeqmixError(f"cannot ensemble {path_a} and {path_b}: {problem}; an ensemble's models must share the task "
