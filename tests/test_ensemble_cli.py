@@ -132,3 +132,21 @@ def test_the_commands_refuse_a_mismatch_and_scoring_without_references(ckpts):
     proc, _ = generate(folder, "noref", f"ckpt_path={paths['a']}", "score_reference=true")
     assert proc.returncode == 2 and "seqmix: error: score_reference=true needs references" in proc.stderr, \
         describe(proc)
+
+
+@pytest.mark.slow
+def test_score_reference_scores_a_language_models_input_lines(ckpts):
+    folder, _ = ckpts
+    tokenizer = train_tokenizer(TEXTS, vocab_size=40)
+    lm = save(folder, "lm", 5, tokenizer, ["task=wikitext2", "task.data.break_mode=eos"])
+    proc, out = generate(folder, "lm_scored", f"ckpt_path={lm}", "score_reference=true")
+    assert proc.returncode == 0, describe(proc)
+    task, _ = load_task(lm)
+    corpus = task.score_texts(SOURCES)
+    _, report = task.evaluate_texts(SOURCES)  # break_mode=eos: each line its own sample, as scored here
+    lines = [line.split("\t") for line in out.read_text().splitlines()]
+    assert [text for _, _, text in lines] == SOURCES
+    assert [float(score) for score, _, _ in lines] == pytest.approx([s.score for s in corpus.sentences], abs=1e-6)
+    (printed,) = [float(x.rsplit("perplexity ", 1)[1]) for x in proc.stdout.splitlines() if x.startswith("scored ")]
+    assert printed == pytest.approx(report.score, rel=1e-5) and corpus.perplexity == pytest.approx(report.score,
+                                                                                                   rel=1e-5)

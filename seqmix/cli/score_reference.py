@@ -1,6 +1,7 @@
 """``generate.py score_reference=true``: instead of decoding, score the references (fairseq's --score-reference):
-each one's teacher-forced log-probabilities given its source, written one line per example as
-``score<TAB>per-token log-probs<TAB>reference``, and the corpus's mean log-probability per token and perplexity."""
+each one's teacher-forced log-probabilities given its source (a language model: each input line's own, the line
+alone), written one line per example as ``score<TAB>per-token log-probs<TAB>text``, and the corpus's mean
+log-probability per token and perplexity."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
 from seqmix.generation.scoring import ScoredCorpus
+from seqmix.tasks.language_modeling import LanguageModelingTask
 
 
 def check_score_reference(cfg: DictConfig) -> None:
@@ -27,22 +29,23 @@ def check_score_reference(cfg: DictConfig) -> None:
 
 def score_references(cfg: DictConfig, task, sources: list[str], refs: list[list[str]] | None,
                      overrides: dict) -> float:
-    """Score the first reference of each source, write the per-example lines to ``output``, print the corpus
-    summary; returns the perplexity."""
-    if refs is None:
-        raise SeqmixError("score_reference=true needs references: give reference=<file> with input=<file>, or a "
-                          "split of the task's data")
-    if not hasattr(task, "score_texts"):
-        raise SeqmixError(f"score_reference=true scores a translation model's references; {type(task).__name__} "
-                          "already reports the perplexity of input=<file> lines without it")
-    targets = [r[0] if r else "" for r in refs]
-    corpus = task.score_texts(sources, targets, int(cfg.max_tokens), **overrides)
+    """Score the first reference of each source (a language model: each input text itself), write the per-example
+    lines to ``output``, print the corpus summary; returns the perplexity."""
+    if isinstance(task, LanguageModelingTask):
+        targets, corpus = sources, task.score_texts(sources, None, int(cfg.max_tokens))
+        convention = "score = mean log-prob per token, each line alone behind </s>"
+    else:
+        if refs is None:
+            raise SeqmixError("score_reference=true needs references: give reference=<file> with input=<file>, or "
+                              "a split of the task's data")
+        targets = [r[0] if r else "" for r in refs]
+        corpus = task.score_texts(sources, targets, int(cfg.max_tokens), **overrides)
+        convention = (f"score = sum of log-probs / length ** len_penalty={task.beam_options(**overrides).len_penalty}"
+                      ", length counting </s>, as beam search ranks")
     out_path = Path(cfg.output)
     atomic_write_text(out_path, "".join(score_lines(corpus, targets)))
-    len_penalty = task.beam_options(**overrides).len_penalty
-    print(f"reference scores: {out_path} (score = sum of log-probs / length ** len_penalty={len_penalty}, "
-          "length counting </s>, as beam search ranks)")
-    print(f"scored {len(targets)} references, {corpus.ntokens:,} target tokens incl. </s>: mean log-prob "
+    print(f"reference scores: {out_path} ({convention})")
+    print(f"scored {len(targets)} texts, {corpus.ntokens:,} target tokens incl. </s>: mean log-prob "
           f"{corpus.mean_log_prob:.4f} nats per token, perplexity {corpus.perplexity:.2f}")
     return corpus.perplexity
 

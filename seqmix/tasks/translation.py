@@ -12,7 +12,7 @@ from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
 from seqmix.generation.options import BeamOptions, overridden, settings_text
-from seqmix.generation.scoring import ScoredCorpus, score_dataset
+from seqmix.generation.scoring import ScoredCorpus, score_dataset, token_log_probs
 from seqmix.metrics import BleuOptions, corpus_bleu, corpus_metric, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
@@ -187,5 +187,6 @@ class TranslationTask(SeqmixTask):
                               f"{max_tgt} tokens (lines {too_long[:5]}...); they cannot be scored")
         dataset = PairDataset.from_lists(src_ids, tgt_ids, sources, targets, eos=self.tokenizer.eos)
         device = next(self.model.parameters()).device
-        return score_dataset(self.model, dataset, self.tokenizer, self.decoder_start, len_penalty, max_tokens,
-                             device, max_sentences)
+        model, start, pad = self.model, self.decoder_start, self.tokenizer.pad
+        return score_dataset(lambda src, tgt: token_log_probs(model, src, tgt, start, pad), dataset, self.tokenizer,
+                             len_penalty, max_tokens, device, max_sentences)

@@ -1,16 +1,22 @@
 """Scoring given targets (issue 36, ``score_reference``): teacher-forced log-probabilities in float64 agree with a
 loop that feeds one more token at a time through full forward passes, do not depend on the padding a batch adds,
-and give a beam search hypothesis its beam score back (same length penalty convention)."""
+and give a beam search hypothesis its beam score back (same length penalty convention); a language model's texts
+score as the same loop and as its one-line evaluation samples."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 
+from seqmix.data.tokenizer import train_tokenizer
 from seqmix.generation.ensemble import Ensemble
-from seqmix.generation.scoring import sentence_scores, token_log_probs
+from seqmix.generation.scoring import lm_token_log_probs, sentence_scores, token_log_probs
+from seqmix.mixers import SelfAttention
+from seqmix.models import DecoderOnly
+from seqmix.tasks import LanguageModelingTask
 from tests.generation.test_ensemble import BOS, EOS, PAD, VOCAB, search, src_batch, tiny_model
 
 
@@ -88,3 +94,43 @@ def test_an_ensemble_scores_the_mean_distribution_by_hand():
         pa, pb = (loop_reference(m, unpadded(src[i]), unpadded(tgt[i])) for m in (a, b))
         hand = [math.log((math.exp(x) + math.exp(y)) / 2) for x, y in zip(pa, pb)]
         torch.testing.assert_close(got[i, : len(hand)], torch.tensor(hand, dtype=torch.float64), atol=1e-10, rtol=0)
+
+
+def tiny_lm(vocab: int, pad: int) -> DecoderOnly:
+    torch.manual_seed(7)
+    mix = functools.partial(SelfAttention, num_heads=2)
+    return DecoderOnly(vocab, pad, 16, dict(layers=2, ffn_dim=32, mixer=mix), dropout=0.0, max_positions=64).eval()
+
+
+def test_a_language_model_scores_each_text_as_a_token_by_token_loop_does_padded_or_alone():
+    model = tiny_lm(VOCAB, PAD).double()
+    tgt = targets()
+    with torch.no_grad():
+        batch = lm_token_log_probs(model, tgt, EOS, PAD)
+        for i in range(tgt.size(0)):
+            row = unpadded(tgt[i])
+            expected = []
+            for t in range(len(row)):
+                logits = model.log_probs(model(torch.cat([torch.tensor([EOS]), row[:t]]).unsqueeze(0)))[0, -1]
+                expected.append(float(logits[row[t]]))
+            torch.testing.assert_close(batch[i, : len(row)], torch.tensor(expected, dtype=torch.float64), atol=1e-10,
+                                       rtol=0)
+            assert bool((batch[i, len(row):] == 0).all())
+            torch.testing.assert_close(batch[i, : len(row)], lm_token_log_probs(model, row.unsqueeze(0), EOS, PAD)[0],
+                                       atol=1e-10, rtol=0)
+
+
+def test_a_language_model_task_scores_lines_to_the_perplexity_of_its_one_line_samples():
+    """Each line scored alone is what ``break_mode=eos`` evaluation reads (every line its own sample behind </s>):
+    the same perplexity through the block path."""
+    texts = ["a b c d e f g h", "h g f e d c b a", "a a b", "", "c d e f g"]
+    tok = train_tokenizer(texts * 10, vocab_size=40)
+    task = LanguageModelingTask(tiny_lm(tok.vocab_size, tok.pad), tok, optimizer=None, tokens_per_sample=32,
+                                break_mode="eos")
+    corpus = task.score_texts(texts)
+    _, report = task.evaluate_texts(texts)
+    assert corpus.ntokens == sum(len(tok.encode(t)) + 1 for t in texts)
+    assert corpus.perplexity == pytest.approx(report.score, rel=1e-5)
+    for scored, text in zip(corpus.sentences, texts):
+        assert len(scored.positional_scores) == len(tok.encode(text)) + 1
+        assert scored.score == pytest.approx(float(scored.positional_scores.mean()), abs=1e-6)
