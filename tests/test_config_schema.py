@@ -108,6 +108,9 @@ def test_a_wrong_train_value_is_refused_naming_key_value_and_what_is_allowed(ove
     ("+data.path=''", "data.path='': must be a non-empty string"),
     ("input=''", "input='': must be a non-empty string or one of [None]"),
     ("paper_bleu=bleu", "paper_bleu='bleu': must be one of ['tokenized', 'tokenized_lowercase', 'compound_split']"),
+    ("score_reference=yes", "score_reference='yes': must be true or false"),
+    ("ckpt_path=[]", "ckpt_path=[]: must be a non-empty string or a list of non-empty items, each a non-empty string"),
+    ("ckpt_path=[a.ckpt,3]", "ckpt_path=['a.ckpt', 3]: must be a non-empty string or a list of non-empty items"),
 ])
 def test_a_wrong_generate_value_is_refused(override, message):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

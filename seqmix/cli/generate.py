@@ -14,8 +14,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from seqmix.config.build import load_task
+from seqmix.cli.score_reference import check_score_reference, score_references
 from seqmix.config.download import suggest_download
+from seqmix.config.ensemble import load_checkpoints
 from seqmix.config.schema import check_generate_config
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
@@ -140,9 +141,18 @@ def print_decoding_settings(task, overrides: dict, stream) -> None:
     print(f"decoding: {settings} (the checkpoint's task settings{given})", file=stream, flush=True)
 
 
+def print_ensemble(ckpt_path, stream) -> None:
+    """An ensemble says so, and whose settings it decodes with."""
+    if OmegaConf.is_list(ckpt_path) and len(ckpt_path) > 1:
+        print(f"ensemble of {len(ckpt_path)} checkpoints ({', '.join(map(str, ckpt_path))}): per-step log-probs "
+              f"averaged; task, tokenizer and decoding settings from {ckpt_path[0]}", file=stream, flush=True)
+
+
 def generate(cfg: DictConfig) -> float | None:
     check_generate_config(cfg)
-    task, train_cfg = load_task(cfg.ckpt_path, cfg.average_last, cfg.get("average_updates", False))
+    check_score_reference(cfg)
+    task, train_cfg = load_checkpoints(cfg.ckpt_path, cfg.average_last, cfg.get("average_updates", False))
+    print_ensemble(cfg.ckpt_path, sys.stderr if cfg.input == "-" else sys.stdout)
     if cfg.get("distill_dir") and cfg.input:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
@@ -159,6 +169,8 @@ def generate(cfg: DictConfig) -> float | None:
     if cfg.input == "-":
         return interactive(task, train_cfg, int(cfg.max_tokens), overrides)
     sources, refs = read_inputs(cfg, train_cfg)
+    if cfg.get("score_reference"):
+        return score_references(cfg, task, sources, refs, overrides)
     start = time.perf_counter()
     outputs, report = task.evaluate_texts(sources, refs, int(cfg.max_tokens), **overrides)
     elapsed = time.perf_counter() - start
@@ -182,6 +194,8 @@ def generate(cfg: DictConfig) -> float | None:
 def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
     """A split of the task's own data scored from a run's checkpoint (``<run>/checkpoints/x.ckpt``) joins that run's
     record (``run.json``: ``evaluations``), which the results tables are written from."""
+    if OmegaConf.is_list(cfg.ckpt_path):  # an ensemble is no one run's checkpoint
+        return
     ckpt = Path(str(cfg.ckpt_path))
     if cfg.input or cfg.get("data") or ckpt.parent.name != "checkpoints":
         return

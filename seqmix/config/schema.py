@@ -272,7 +272,8 @@ PREPROCESS = {**TASK, "download": FLAG}  # preprocess.py reads the task (and dow
 GENERATE = {
     **{k: maybe(v) for k, v in GENERATION.items()}, "average_last": COUNT0, "average_updates": FLAG, "max_tokens": COUNT,
     "max_sentences": maybe(COUNT), "eval_context": maybe(COUNT0), "compile_decoding": ON_OFF_AUTO,
-    "split": TEXT, "device": TEXT, "output": TEXT, "ckpt_path": TEXT, "input": maybe(TEXT),
+    "split": TEXT, "device": TEXT, "output": TEXT, "input": maybe(TEXT),
+    "ckpt_path": AnyOf((TEXT, ListOf(TEXT, min_length=1))), "score_reference": FLAG,
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
     "metrics": maybe(ListOf(Choice(METRICS))),
     **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)

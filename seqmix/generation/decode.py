@@ -7,7 +7,7 @@ iterative NAT decoding alike: the algorithm is a :data:`Translate` callable (:fu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -54,17 +54,24 @@ def nat_translator(model, decoder: IterativeDecoder, compile_decoding: bool | st
     return translate
 
 
+def collated_batches(dataset: PairDataset, tokenizer, max_tokens: int,
+                     max_sentences: int | None = None) -> Iterator[dict]:
+    """``dataset`` in ``generate.py``'s batches (token budget, sorted by length, at most ``max_sentences`` each),
+    collated; the examples' ``id`` say where each row belongs."""
+    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens,
+                                      max_sentences=max_sentences, shuffle=False)
+    for batch_idx in sampler:
+        yield collate_pairs([dataset[i] for i in batch_idx], tokenizer.pad, tokenizer.bos, tokenizer.eos)
+
+
 def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_tokens: int, device: torch.device,
                    max_sentences: int | None = None) -> Decoded:
     """Every source of ``dataset`` decoded by ``translate`` in ``generate.py``'s batches (token budget, sorted by
     length, at most ``max_sentences`` per batch)."""
-    sampler = TokenBudgetBatchSampler(dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens,
-                                      max_sentences=max_sentences, shuffle=False)
     out = Decoded([""] * len(dataset))
     with torch.inference_mode():
-        for batch_idx in sampler:
-            batch = collate_pairs([dataset[i] for i in batch_idx], tokenizer.pad, tokenizer.bos, tokenizer.eos)
-            out.batch_sizes.append(len(batch_idx))
+        for batch in collated_batches(dataset, tokenizer, max_tokens, max_sentences):
+            out.batch_sizes.append(len(batch["id"]))
             tokens, iterations = translate(batch["src_tokens"].to(device))
             ids = batch["id"].tolist()
             for i, t in zip(ids, tokens):

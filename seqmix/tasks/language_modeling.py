@@ -12,9 +12,11 @@ import logging
 import torch
 from torch import Tensor, nn
 
+from seqmix.data import PairDataset
 from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.lm_blocks import collate_blocks, make_blocks
 from seqmix.errors import SeqmixError
+from seqmix.generation.scoring import ScoredCorpus, lm_token_log_probs, score_dataset
 from seqmix.metrics import perplexity
 from seqmix.tasks.base import Report, SeqmixTask
 
@@ -73,3 +75,20 @@ class LanguageModelingTask(SeqmixTask):
             nll += float(self.model.nll(self.model(batch["tokens"].to(device)), batch["target"].to(device)).sum())
             ntokens += batch["ntokens"]
         return None, self._report(nll, ntokens, context)
+
+    @torch.inference_mode()
+    def score_texts(self, texts: list[str], targets: None = None, max_tokens: int = 8000,
+                    max_sentences: int | None = None, **_) -> ScoredCorpus:
+        """Log-probabilities of each text's tokens and its ``</s>``, every text alone behind ``</s>`` (as
+        ``break_mode=eos`` models lines: no context from the texts before it); sentence scores are per-token means."""
+        tok = self.tokenizer
+        ids = tok.encode_batch(texts)
+        too_long = [i + 1 for i, t in enumerate(ids) if len(t) + 1 > self.model.max_positions]
+        if too_long:
+            raise SeqmixError(f"{len(too_long)} lines are longer than the model's {self.model.max_positions} "
+                              f"positions (lines {too_long[:5]}...); they cannot be scored alone")
+        dataset = PairDataset.from_lists([[] for _ in ids], ids, texts, texts, eos=tok.eos)
+        device = next(self.model.parameters()).device
+        model = self.model
+        return score_dataset(lambda _src, tgt: lm_token_log_probs(model, tgt, tok.eos, tok.pad), dataset, tok, 1.0,
+                             max_tokens, device, max_sentences)

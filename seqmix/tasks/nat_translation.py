@@ -78,6 +78,11 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         ignored = [k for k in IGNORED_OPTIONS if overrides.get(k) is not None]
         return text + (f" ({', '.join(ignored)} does not apply)" if ignored else "")
 
+    def score_texts(self, sources: list[str], targets: list[str], *args, **kwargs):
+        """A parallel decoder gives no left-to-right likelihood of a whole target to score."""
+        raise SeqmixError(f"{type(self.model).__name__} is non-autoregressive: it assigns no left-to-right "
+                          "log-probability to a reference, so score_reference=true needs an autoregressive model")
+
     # --- evaluation ----------------------------------------------------------------------------
     def decoding_report(self, hypotheses: list[str], references: list[list[str]], sources: list[str],
                         iterations: list[int] | None = None, **overrides) -> Report:

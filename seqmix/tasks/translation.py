@@ -12,6 +12,7 @@ from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
 from seqmix.generation.decode import Translate, beam_translator, decode_dataset
 from seqmix.generation.options import BeamOptions, overridden, settings_text
+from seqmix.generation.scoring import ScoredCorpus, score_dataset, token_log_probs
 from seqmix.metrics import BleuOptions, corpus_bleu, corpus_metric, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
@@ -170,3 +171,22 @@ class TranslationTask(SeqmixTask):
         return decoded.hypotheses, self.decoding_report(decoded.hypotheses,
                                                         [[norm(r) for r in refs] for refs in references], sources,
                                                         decoded.iterations, **overrides)
+
+    @torch.inference_mode()
+    def score_texts(self, sources: list[str], targets: list[str], max_tokens: int = 8000,
+                    max_sentences: int | None = None, **overrides) -> ScoredCorpus:
+        """Teacher-forced log-probabilities of ``targets`` given ``sources`` (``seqmix.generation.scoring``), each
+        sentence's score normalized with the beam search's ``len_penalty`` (``overrides`` as for decoding)."""
+        len_penalty = self.beam_options(**overrides).len_penalty
+        src_ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
+        tgt_ids = self.tokenizer.encode_target_batch(targets)
+        max_tgt = int(getattr(self.model, "max_target_positions", 1024))
+        too_long = [i + 1 for i, t in enumerate(tgt_ids) if len(t) + 1 > max_tgt]
+        if too_long:
+            raise SeqmixError(f"{len(too_long)} references are longer than the model's max_target_positions="
+                              f"{max_tgt} tokens (lines {too_long[:5]}...); they cannot be scored")
+        dataset = PairDataset.from_lists(src_ids, tgt_ids, sources, targets, eos=self.tokenizer.eos)
+        device = next(self.model.parameters()).device
+        model, start, pad = self.model, self.decoder_start, self.tokenizer.pad
+        return score_dataset(lambda src, tgt: token_log_probs(model, src, tgt, start, pad), dataset, self.tokenizer,
+                             len_penalty, max_tokens, device, max_sentences)
