@@ -10,28 +10,33 @@ from pathlib import Path
 import torch
 
 from seqmix.average import checkpoints_to_average
-from seqmix.config.build import load_task, task_from_checkpoint
+from seqmix.config.build import task_from_checkpoint
+from seqmix.config.ensemble import load_checkpoints
 from seqmix.errors import SeqmixError
+from seqmix.generation.scoring import ScoredCorpus
 from seqmix.tasks import LanguageModelingTask, SummarizationTask, TranslationTask
 from seqmix.training.checkpoints import average_checkpoints
 
 PathLike = str | os.PathLike
 
 
-def load(checkpoint: PathLike | None = None, *, average: list[PathLike] | None = None, average_last: int = 0,
-         average_updates: bool = False, device: str | torch.device = "cpu") -> Model:
-    """A seqmix checkpoint (``best.ckpt``, an averaged or a fairseq-imported one), or the mean of the checkpoint
-    files in ``average``, or of the latest ``average_last`` epoch (``average_updates``: interval) checkpoints
-    beside ``checkpoint``; in eval mode on ``device``."""
+def load(checkpoint: PathLike | list[PathLike] | None = None, *, average: list[PathLike] | None = None,
+         average_last: int = 0, average_updates: bool = False, device: str | torch.device = "cpu") -> Model:
+    """A seqmix checkpoint (``best.ckpt``, an averaged or a fairseq-imported one), an ensemble of a list of them
+    (as ``generate.py ckpt_path=[a,b]``), the mean of the checkpoint files in ``average``, or of the latest
+    ``average_last`` epoch (``average_updates``: interval) checkpoints beside ``checkpoint``; in eval mode on
+    ``device``."""
     if (checkpoint is None) == (average is None):
         raise SeqmixError("seqmix.load: give a checkpoint, or average=[checkpoint files] (not both)")
     if average is not None:
         paths = checkpoints_to_average([str(p) for p in average], None)
         task, config = task_from_checkpoint(average_checkpoints(paths), f"average of {', '.join(map(str, paths))}")
     else:
-        if not Path(checkpoint).is_file():
-            raise SeqmixError(f"seqmix.load: checkpoint {checkpoint} does not exist")
-        task, config = load_task(checkpoint, average_last, average_updates)
+        listed = [str(p) for p in checkpoint] if isinstance(checkpoint, list | tuple) else [str(checkpoint)]
+        for path in listed:
+            if not Path(path).is_file():
+                raise SeqmixError(f"seqmix.load: checkpoint {path} does not exist")
+        task, config = load_checkpoints(listed if len(listed) > 1 else listed[0], average_last, average_updates)
     return Model(task, config).to(device)
 
 
@@ -86,6 +91,24 @@ class Model:
         self._require(LanguageModelingTask, "perplexity", "it is not a language model")
         _, report = self.task.evaluate_texts(_as_list(texts), None, max_tokens, eval_context=eval_context)
         return report.metrics["perplexity"]
+
+    def score(self, sources: list[str] | str, targets: list[str] | str | None = None, max_tokens: int = 8000,
+              **options) -> ScoredCorpus:
+        """Teacher-forced log-probabilities: of each target given its source (sequence-to-sequence), or of each text
+        (language models: ``score(texts)``). Per sentence the per-token log-probs (``</s>`` included) and the total
+        normalized as beam search scores (``len_penalty`` from the checkpoint or ``options``), so a hypothesis gets
+        its beam score back; the corpus's summed log-prob, token count and perplexity."""
+        if isinstance(self.task, LanguageModelingTask):
+            if targets is not None:
+                raise SeqmixError(f"{self.name} is a language model: score(texts) takes the texts alone")
+            return self.task.score_texts(_as_list(sources), None, max_tokens)
+        if targets is None:
+            raise SeqmixError(f"{self.name} scores targets given sources: score(sources, targets)")
+        sources, targets = _as_list(sources), _as_list(targets)
+        if len(sources) != len(targets):
+            raise SeqmixError(f"score(): {len(sources)} sources but {len(targets)} targets; give one target each")
+        with torch.inference_mode():
+            return self.task.score_texts(sources, targets, max_tokens, **options)
 
     def _decode(self, texts: list[str] | str, max_tokens: int, options: dict) -> list[str] | str:
         given = _as_list(texts)

@@ -77,6 +77,33 @@ def test_an_average_of_listed_files_equals_the_written_average(translation_ckpts
     assert listed.translate(TEXTS) != seqmix.load(translation_ckpts[1]).translate(TEXTS)
 
 
+def test_an_ensemble_of_one_checkpoint_twice_translates_and_scores_as_the_checkpoint(translation_ckpts):
+    alone, twice = seqmix.load(translation_ckpts[0]), seqmix.load([translation_ckpts[0]] * 2)
+    hyps = alone.translate(TEXTS)
+    assert twice.translate(TEXTS) == hyps
+    for a, b in zip(alone.score(TEXTS, hyps).sentences, twice.score(TEXTS, hyps).sentences):
+        assert b.score == pytest.approx(a.score, abs=1e-5)
+        assert torch.allclose(a.positional_scores, b.positional_scores, atol=1e-5)
+
+
+def test_scores_are_the_teacher_forced_log_probs_of_each_target(translation_ckpts):
+    model = seqmix.load(translation_ckpts[1]).to(torch.float64)
+    net, tok = model.task.model, model.tokenizer
+    corpus = model.score(TEXTS, ["b c", "a", "h h g"], len_penalty=1.0)
+    for source, target, scored in zip(TEXTS, ["b c", "a", "h h g"], corpus.sentences):
+        src = torch.tensor([tok.encode_batch([source])[0] + [tok.eos]])
+        tgt = tok.encode_target_batch([target])[0] + [tok.eos]
+        hand = []
+        for t in range(len(tgt)):  # the whole prefix again at every step: no incremental state
+            prefix = torch.tensor([[model.task.decoder_start, *tgt[:t]]])
+            logits = net(src, prefix)
+            logits = logits[0] if isinstance(logits, tuple) else logits
+            hand.append(float(torch.log_softmax(logits[0, -1].double(), -1)[tgt[t]]))
+        assert scored.positional_scores.tolist() == pytest.approx(hand, abs=1e-9)
+        assert scored.score == pytest.approx(sum(hand) / len(hand), abs=1e-9)
+    assert corpus.ntokens == sum(len(s.positional_scores) for s in corpus.sentences)
+
+
 def test_to_and_half_move_the_weights_and_double_precision_decodes_the_same(translation_ckpts):
     model = seqmix.load(translation_ckpts[0])
     single = model.translate(TEXTS)
@@ -104,6 +131,9 @@ def test_perplexity_is_the_exponent_of_the_mean_next_token_loss(lm_ckpt):
     (lambda m, lm: m.summarize(TEXTS), "not a summarization model"),
     (lambda m, lm: lm.translate(TEXTS), "language model"),
     (lambda m, lm: m.translate([1, 2]), "list of strings"),
+    (lambda m, lm: m.score(TEXTS, TEXTS[:2]), "3 sources but 2 targets"),
+    (lambda m, lm: m.score(TEXTS), "score.sources, targets"),
+    (lambda m, lm: lm.score(TEXTS, TEXTS), "takes the texts alone"),
     (lambda m, lm: seqmix.load("no/such.ckpt"), "does not exist"),
     (lambda m, lm: seqmix.load(), "give a checkpoint"),
     (lambda m, lm: seqmix.load(lm_ckpt, average=[lm_ckpt]), "not both"),
