@@ -53,10 +53,12 @@ def best_tokens(output: Tensor | list[Hypothesis] | None) -> Tensor | None:
     return output
 
 
-def text_hypothesis(hyp: Hypothesis, tokenizer) -> TextHypothesis:
+def text_hypothesis(hyp: Hypothesis, tokenizer, prompt: list[int] = ()) -> TextHypothesis:
+    """``hyp`` for users; a ``prompt`` it continues is detokenized with it (a subword may continue a prompt's
+    word), while pieces and scores stay the hypothesis's own."""
     tokens = hyp.tokens[:-1].tolist()
-    return TextHypothesis(tokenizer.decode(tokens), float(hyp.score), [float(x) for x in hyp.positional_scores],
-                          [tokenizer.piece(t) for t in tokens])
+    return TextHypothesis(tokenizer.decode([*prompt, *tokens]), float(hyp.score),
+                          [float(x) for x in hyp.positional_scores], [tokenizer.piece(t) for t in tokens])
 
 
 def beam_translator(model, search: BeamSearch, compile_decoding: bool | str = False,
@@ -104,7 +106,7 @@ def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_to
                    max_sentences: int | None = None, prefix_size: int | None = 0) -> Decoded:
     """Every source of ``dataset`` decoded by ``translate`` in ``generate.py``'s batches (token budget, sorted by
     length, at most ``max_sentences`` per batch), the first ``prefix_size`` tokens of each target forced (None: the
-    whole target, 0: nothing)."""
+    whole target, a prompt: hypothesis texts are then the prompt continued; 0: nothing)."""
     out = Decoded([""] * len(dataset))
     with torch.inference_mode():
         for batch in collated_batches(dataset, tokenizer, max_tokens, max_sentences):
@@ -114,14 +116,15 @@ def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_to
                 prefix = prefix_rows(batch["target"], prefix_size, tokenizer.eos, tokenizer.pad).to(device)
             outputs, iterations = translate(batch["src_tokens"].to(device), prefix)
             ids = batch["id"].tolist()
-            for i, output in zip(ids, outputs):
+            for row, (i, output) in enumerate(zip(ids, outputs)):
+                prompt = [] if prefix_size is not None else [t for t in prefix[row].tolist() if t != tokenizer.pad]
                 if isinstance(output, list):
                     out.nbest = out.nbest or [[] for _ in range(len(dataset))]
-                    out.nbest[i] = [text_hypothesis(h, tokenizer) for h in output]
+                    out.nbest[i] = [text_hypothesis(h, tokenizer, prompt) for h in output]
                 t = best_tokens(output)
                 if t is not None:
                     out.generated += len(t) + 1
-                    out.hypotheses[i] = tokenizer.decode(t)
+                    out.hypotheses[i] = tokenizer.decode([*prompt, *t.tolist()])
             if iterations is not None:
                 out.iterations = out.iterations or [0] * len(dataset)
                 for i, n in zip(ids, iterations):
