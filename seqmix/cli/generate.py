@@ -54,6 +54,11 @@ def decode_request(cfg: DictConfig) -> DecodeRequest:
     return request
 
 
+def request_setting(request: DecodeRequest) -> dict:
+    """``decoding_settings``'s keyword for ``request``: none for plain decoding, which every task describes."""
+    return {} if request.plain else {"request": request}
+
+
 def format_outputs(fmt: str, sources: list[str], refs: list[list[str]] | None,
                    outputs: list[list[TextHypothesis]]) -> str:
     """The hypotheses file. text: each hypothesis on its own line (nbest lines per input, best first); jsonl: one
@@ -186,7 +191,7 @@ def set_extra_metrics(task, names) -> None:
 def print_decoding_settings(task, overrides: dict, request: DecodeRequest, stream) -> None:
     """One line: what the task decodes with, and which of it the command line set (the rest is the checkpoint's
     task settings). On stderr for input=-, whose stdout holds only the outputs."""
-    settings = task.decoding_settings(**overrides, **({} if request.plain else {"request": request}))
+    settings = task.decoding_settings(**overrides, **request_setting(request))
     if not settings:
         return
     given = f"; from the command line: {', '.join(overrides)}" if overrides else ""
@@ -240,7 +245,7 @@ def generate(cfg: DictConfig) -> float | None:
     print(report.headline)
     for line in report.details:
         print(line)
-    record_in_run(cfg, task.decoding_settings(**overrides), report)
+    record_in_run(cfg, task.decoding_settings(**overrides, **request_setting(request)), report)
     return report.score
 
 

@@ -103,10 +103,11 @@ def collated_batches(dataset: PairDataset, tokenizer, max_tokens: int,
 
 
 def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_tokens: int, device: torch.device,
-                   max_sentences: int | None = None, prefix_size: int | None = 0) -> Decoded:
+                   max_sentences: int | None = None, prefix_size: int | None = 0, nbest: int = 0) -> Decoded:
     """Every source of ``dataset`` decoded by ``translate`` in ``generate.py``'s batches (token budget, sorted by
     length, at most ``max_sentences`` per batch), the first ``prefix_size`` tokens of each target forced (None: the
-    whole target, a prompt: hypothesis texts are then the prompt continued; 0: nothing)."""
+    whole target, a prompt: hypothesis texts are then the prompt continued; 0: nothing). ``nbest``: how many
+    hypotheses of each example to keep with their scores (``Decoded.nbest``; 0: only the best text)."""
     out = Decoded([""] * len(dataset))
     with torch.inference_mode():
         for batch in collated_batches(dataset, tokenizer, max_tokens, max_sentences):
@@ -118,9 +119,9 @@ def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_to
             ids = batch["id"].tolist()
             for row, (i, output) in enumerate(zip(ids, outputs)):
                 prompt = [] if prefix_size is not None else [t for t in prefix[row].tolist() if t != tokenizer.pad]
-                if isinstance(output, list):
+                if isinstance(output, list) and nbest:
                     out.nbest = out.nbest or [[] for _ in range(len(dataset))]
-                    out.nbest[i] = [text_hypothesis(h, tokenizer, prompt) for h in output]
+                    out.nbest[i] = [text_hypothesis(h, tokenizer, prompt) for h in output[:nbest]]
                 t = best_tokens(output)
                 if t is not None:
                     out.generated += len(t) + 1

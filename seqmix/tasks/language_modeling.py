@@ -122,7 +122,8 @@ class LanguageModelingTask(SeqmixTask):
                               f"positions (lines {too_long[:5]}...); shorten them")
         dataset = PairDataset.from_lists(ids, ids, sources, sources, eos=tok.eos)
         device = next(self.model.parameters()).device
-        decoded = decode_dataset(dataset, tok, translate, max_tokens, device, max_sentences, prefix_size=None)
+        decoded = decode_dataset(dataset, tok, translate, max_tokens, device, max_sentences, prefix_size=None,
+                                 nbest=request.nbest)
         return [hyps[: request.nbest] for hyps in (decoded.nbest or [])], None
 
     @torch.inference_mode()

@@ -225,7 +225,7 @@ class TranslationTask(SeqmixTask):
         dataset = PairDataset.from_lists(ids, targets, sources, ["" for _ in ids], eos=self.tokenizer.eos)
         device = next(self.model.parameters()).device
         return decode_dataset(dataset, self.tokenizer, translate, max_tokens, device, max_sentences,
-                              prefix_size=request.prefix_size)
+                              prefix_size=request.prefix_size, nbest=request.nbest)
 
     @torch.inference_mode()
     def score_texts(self, sources: list[str], targets: list[str], max_tokens: int = 8000,
