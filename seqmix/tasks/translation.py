@@ -94,7 +94,7 @@ class TranslationTask(SeqmixTask):
 
     def translator(self, request: DecodeRequest | None = None, **overrides) -> Translate:
         """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""
-        return beam_translator(self.model, self.beam_search(request, **overrides), self.compile_decoding)
+        return beam_translator(self.model, self.beam_search(request=request, **overrides), self.compile_decoding)
 
     def check_request(self, request: DecodeRequest, references, **overrides) -> None:
         """What ``request`` asks must fit the decoding options: samples come instead of a beam, n-best from one."""
