@@ -10,7 +10,14 @@ from torch import Tensor, nn
 from seqmix.data import PairDataset
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
-from seqmix.generation.decode import Decoded, TextHypothesis, Translate, beam_translator, best_tokens, decode_dataset
+from seqmix.generation.decode import (
+    Decoded,
+    TextHypothesis,
+    Translate,
+    beam_translator,
+    best_tokens,
+    decode_dataset,
+)
 from seqmix.generation.options import BeamOptions, DecodeRequest, overridden, settings_text
 from seqmix.generation.sampling import Sampler
 from seqmix.generation.scoring import ScoredCorpus, score_dataset, token_log_probs
