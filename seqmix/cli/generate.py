@@ -194,7 +194,9 @@ def print_decoding_settings(task, overrides: dict, request: DecodeRequest, strea
     settings = task.decoding_settings(**overrides, **request_setting(request))
     if not settings:
         return
-    given = f"; from the command line: {', '.join(overrides)}" if overrides else ""
+    names = [*overrides, *(["nbest"] if request.nbest > 1 else []), *(["sampling"] if request.sampling else []),
+             *(["prefix_size"] if request.prefix_size else [])]
+    given = f"; from the command line: {', '.join(names)}" if names else ""
     print(f"decoding: {settings} (the checkpoint's task settings{given})", file=stream, flush=True)
 
 
