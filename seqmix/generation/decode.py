@@ -125,7 +125,7 @@ def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_to
                 t = best_tokens(output)
                 if t is not None:
                     out.generated += len(t) + 1
-                    out.hypotheses[i] = tokenizer.decode([*prompt, *t.tolist()])
+                    out.hypotheses[i] = tokenizer.decode([*prompt, *t.tolist()] if prompt else t)
             if iterations is not None:
                 out.iterations = out.iterations or [0] * len(dataset)
                 for i, n in zip(ids, iterations):
