@@ -5,6 +5,9 @@ model given decoding options continues its lines, and requests that do not fit e
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ from seqmix.config.build import build_task, load_task
 from seqmix.data.tokenizer import train_word_tokenizer
 from seqmix.generation.options import DecodeRequest, SamplingOptions
 from seqmix.interop.fairseq import save_seqmix_checkpoint
-from tests.helpers import describe, run, run_config
+from tests.helpers import ROOT, describe, run, run_config
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +118,11 @@ def test_a_language_model_continues_its_lines_given_decoding_options(made):
     assert all(line.startswith(source) for line, source in zip(lines, SOURCES))
     _, sampled = generate(folder, "lm_sampled", f"ckpt_path={lm}", "sampling=true", "top_k=1", "max_len_b=4")
     assert sampled.read_text() == out.read_text()
+    env = {**os.environ, "SEQMIX_LOG_DIR": str(folder / "stdin"), "PYTHONUNBUFFERED": "1"}
+    typed = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={lm}", "input=-", "beam_size=1",
+                            "max_len_b=4"], input="".join(s + "\n" for s in SOURCES), capture_output=True, text=True,
+                           env=env, cwd=folder, timeout=300)
+    assert typed.returncode == 0 and typed.stdout.splitlines() == lines, typed.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, needle", [

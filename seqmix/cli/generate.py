@@ -150,13 +150,14 @@ def _first_line(err: BaseException) -> str:
 
 
 def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict, request: DecodeRequest) -> None:
-    """``input=-``: translate (summarize) each stdin line as soon as it arrives, one output line per input line on
-    stdout, flushed (fairseq-interactive); the same tokenizer and decoding settings as a file. Ends at end of input."""
+    """``input=-``: translate (summarize; a language model given decoding options: continue) each stdin line as soon
+    as it arrives, one output line per input line on stdout, flushed (fairseq-interactive); the same tokenizer and
+    decoding settings as a file. Ends at end of input."""
     from seqmix.tasks.language_modeling import LanguageModelingTask
 
-    if isinstance(task, LanguageModelingTask):
+    if isinstance(task, LanguageModelingTask) and not task.continues(request, overrides):
         raise SeqmixError(f"input=- decodes text, and {train_cfg.task.name} is a language model: score a file with "
-                          "input=<file>")
+                          "input=<file>, or continue each line with decoding options (sampling=true, beam_size=...)")
     print(f"model: {train_cfg.model.name}, task {train_cfg.task.name}: reading lines from stdin", file=sys.stderr,
           flush=True)
     for line in iter(sys.stdin.readline, ""):
