@@ -24,6 +24,7 @@ from seqmix.files import atomic_write_text
 from seqmix.generation.options import DECODING_OPTIONS
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
+from seqmix.models.quantized import check_quantize, quantize_int8, quantized_linears
 from seqmix.tasks import SummarizationTask, TranslationTask
 from seqmix.training.run_record import RECORD, record_evaluation
 
@@ -157,6 +158,10 @@ def generate(cfg: DictConfig) -> float | None:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
     task.to(device)
+    if check_quantize(cfg.get("quantize"), device):
+        task.model = quantize_int8(task.model)
+        print(f"quantize=int8: {quantized_linears(task.model)} Linear layers in int8 (dynamic), embeddings and output "
+              "projection float32", file=sys.stderr if cfg.input == "-" else sys.stdout, flush=True)
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     set_paper_bleu(task, cfg.get("paper_bleu"))
     set_extra_metrics(task, cfg.get("metrics"))
