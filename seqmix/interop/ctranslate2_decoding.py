@@ -93,8 +93,10 @@ class CT2Translator:
         return min(min_len, max_len), max_len
 
     def translate_hypotheses(self, texts: list[str], max_batch_size: int = 64, return_scores: bool = True,
-                             suppress_specials: bool = False, **overrides) -> list[CT2Hypothesis]:
-        """The best hypothesis of each text, with its seqmix ids and (``return_scores``) its score."""
+                             suppress_specials: bool = False, batch_type: str = "examples",
+                             **overrides) -> list[CT2Hypothesis]:
+        """The best hypothesis of each text, with its seqmix ids and (``return_scores``) its score. Batches of at most
+        ``max_batch_size`` examples, or source tokens with ``batch_type="tokens"`` (CTranslate2 sorts by length)."""
         o = self.options(**overrides)
         ids = self.tokenizer.encode_batch(list(texts))
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -105,6 +107,7 @@ class CT2Translator:
         for (min_len, max_len), rows in groups.items():
             results = self.translator.translate_batch(
                 [[self.source_pieces[t] for t in ids[i]] for i in rows], max_batch_size=max_batch_size,
+                batch_type=batch_type,
                 beam_size=o.beam_size, length_penalty=o.len_penalty, patience=1.0, num_hypotheses=1,
                 no_repeat_ngram_size=o.no_repeat_ngram_size,
                 suppress_sequences=[["<pad>"], ["<s>"]] if suppress_specials else None,
@@ -118,9 +121,10 @@ class CT2Translator:
                 out[i] = CT2Hypothesis(self.tokenizer.decode(tokens), tokens, score)
         return out
 
-    def translate(self, texts: list[str] | str, max_batch_size: int = 64, **overrides) -> list[str] | str:
+    def translate(self, texts: list[str] | str, max_batch_size: int = 64, batch_type: str = "examples",
+                  **overrides) -> list[str] | str:
         """Detokenized translations (one string for one string), as ``seqmix.load(ckpt).translate`` gives them."""
         single = isinstance(texts, str)
         hyps = self.translate_hypotheses([texts] if single else texts, max_batch_size, return_scores=False,
-                                         **overrides)
+                                         batch_type=batch_type, **overrides)
         return hyps[0].text if single else [h.text for h in hyps]
