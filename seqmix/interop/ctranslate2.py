@@ -221,7 +221,7 @@ makes CTranslate2's length-normalized score count the `</s>`, as seqmix's beam s
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, quantization: str | None = None) -> Path:
     """seqmix checkpoint → CTranslate2 model folder ``out_dir`` (refused when it exists), written into a temporary
     folder beside it and renamed only once complete: an interrupted export leaves no folder that looks valid."""
-    from seqmix.config.build import load_task
+    from seqmix.config.build import task_from_checkpoint
     from seqmix.training.checkpoints import load_checkpoint
 
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -232,7 +232,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, quantization:
     require_ctranslate2()
     ckpt = load_checkpoint(checkpoint)
     check_model_config(ckpt["seqmix"]["config"])
-    task, _ = load_task(checkpoint)
+    task, _ = task_from_checkpoint(ckpt, str(checkpoint))
     spec = transformer_spec(task.model)
     tok = task.tokenizer
     source, target = vocabulary(tok, "source"), vocabulary(tok, "target")

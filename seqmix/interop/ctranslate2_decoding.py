@@ -99,6 +99,11 @@ class CT2Translator:
         ``max_batch_size`` examples, or source tokens with ``batch_type="tokens"`` (CTranslate2 sorts by length)."""
         o = self.options(**overrides)
         ids = self.tokenizer.encode_batch(list(texts))
+        longest = int(self.info["max_source_positions"])
+        too_long = [i + 1 for i, s in enumerate(ids) if len(s) + 1 > longest]
+        if too_long:  # CTranslate2's position table ends there, as seqmix's does (TranslationTask.prepare_source_ids)
+            raise SeqmixError(f"{len(too_long)} inputs are longer than the model's max_source_positions={longest} "
+                              f"tokens (inputs {too_long[:5]}...); split or shorten them")
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, s in enumerate(ids):
             groups[self.length_bounds(len(s) + 1, o)].append(i)

@@ -115,7 +115,10 @@ def test_the_folder_holds_the_tokenizer_and_says_how_to_use_it(checkpoints, expo
     names = {p.name for p in folder.iterdir()}
     assert {"model.bin", "config.json", "seqmix_tokenizer.json", "seqmix_serving.json", "README.md"} <= names
     assert "shared_vocabulary.json" in names  # one joint vocabulary (CTranslate2 writes it once)
-    assert CT2Translator(folder).info["decoder_start"] == "<s>"
+    translator = CT2Translator(folder)
+    assert translator.info["decoder_start"] == "<s>"
+    with pytest.raises(SeqmixError, match="max_source_positions"):
+        translator.translate(" ".join(["a"] * (translator.info["max_source_positions"] + 1)))
     assert "detokenize" in (folder / "README.md").read_text()
 
 
