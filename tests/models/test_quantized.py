@@ -40,8 +40,10 @@ def test_int8_log_probs_stay_close_to_float32_and_it_decodes():
         a = torch.log_softmax(task.model(src, prev), -1)
         b = torch.log_softmax(q(src, prev), -1)
     diff = (a - b).abs()
-    assert diff.mean() < 0.02 and diff.max() < 0.2, (diff.mean(), diff.max())
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+    # measured here (d=32, fbgemm): mean 0.017, max 0.084, argmax the same at 98% of positions; margins for other
+    # CPUs' int8 kernels
+    assert diff.mean() < 0.05 and diff.max() < 0.3, (diff.mean(), diff.max())
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.85
     before = task.evaluate_texts(TEXTS, None)[0]
     task.model = q
     after = task.evaluate_texts(TEXTS, None)[0]
