@@ -158,6 +158,7 @@ def generate(cfg: DictConfig) -> float | None:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
     task.to(device)
+    parameters = count_parameters(task.model)  # before int8 packs the Linear weights out of .parameters()
     if check_quantize(cfg.get("quantize"), device):
         task.model = quantize_int8(task.model)
         print(f"quantize=int8: {quantized_linears(task.model)} Linear layers in int8 (dynamic), embeddings and output "
@@ -179,7 +180,7 @@ def generate(cfg: DictConfig) -> float | None:
     start = time.perf_counter()
     outputs, report = task.evaluate_texts(sources, refs, int(cfg.max_tokens), **overrides)
     elapsed = time.perf_counter() - start
-    print(f"model: {train_cfg.model.name} ({count_parameters(task.model):,} parameters), task {train_cfg.task.name}")
+    print(f"model: {train_cfg.model.name} ({parameters:,} parameters), task {train_cfg.task.name}")
     print(f"processed {len(sources)} inputs in {elapsed:.1f}s ({len(sources) / max(elapsed, 1e-9):.1f}/s)")
     if outputs is not None:
         out_path = Path(cfg.output)

@@ -69,6 +69,7 @@ def test_generate_py_decodes_quantized_and_validates_the_key(tmp_path):
     proc = run("generate.py", [*common, "quantize=int8"], tmp_path)
     assert proc.returncode == 0, describe(proc)
     assert "quantize=int8: 32 Linear layers in int8" in proc.stdout
+    assert f"({sum(p.numel() for p in tiny_task().model.parameters()):,} parameters)" in proc.stdout  # all counted
     assert len((tmp_path / "out.txt").read_text().splitlines()) == len(TEXTS)
     proc = run("generate.py", [*common, "quantize=int4"], tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("seqmix: error: quantize="), \
