@@ -21,7 +21,8 @@ TINY = ("model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1"
 
 
 @pytest.fixture
-def data_dir(tmp_path):
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQMIX_LOG_DIR", str(tmp_path / "no_runs"))  # no run of the developer's is picked up
     folder = write_val(tmp_path / "multi30k")
     (folder / "train.en").write_text("".join(s + "\n" for s in VAL_EN * 4), encoding="utf-8")
     (folder / "train.de").write_text("".join(s + "\n" for s in VAL_DE * 4), encoding="utf-8")
