@@ -85,3 +85,13 @@ def test_a_given_checkpoint_is_measured_and_a_failed_variant_is_a_row(data_dir, 
 
 def test_the_section_is_part_of_make_bench():
     assert bench_run.SECTIONS["serving"] is serving
+
+
+@pytest.mark.slow
+def test_on_the_real_multi30k_files(multi30k_dir, tmp_path, monkeypatch):
+    """The shared data's gzipped train/val files, a tiny model trained for a second, ten val sentences."""
+    monkeypatch.setenv("SEQMIX_LOG_DIR", str(tmp_path / "no_runs"))
+    s = replace(settings(multi30k_dir), limit=10, vocab_size=1000)
+    result, failed = serving.section(s, torch.device("cpu"), tmp_path)
+    assert failed == [] and [r["sentences"] for r in result["rows"]] == [10] * 4
+    assert result["rows"][2]["speed_ratio"] == 1.0
