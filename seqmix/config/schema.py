@@ -24,6 +24,7 @@ from seqmix.errors import SeqmixError
 from seqmix.metrics.bleu import PAPER_BLEU_KINDS
 from seqmix.metrics.chrf_ter import METRICS
 from seqmix.models.blocks import ACTIVATIONS
+from seqmix.models.quantized import QUANTIZE_CHOICES
 
 
 class Rule:
@@ -275,7 +276,7 @@ GENERATE = {
     "split": TEXT, "device": TEXT, "output": TEXT, "input": maybe(TEXT),
     "ckpt_path": AnyOf((TEXT, ListOf(TEXT, min_length=1))), "score_reference": FLAG,
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
-    "metrics": maybe(ListOf(Choice(METRICS))),
+    "metrics": maybe(ListOf(Choice(METRICS))), "quantize": maybe(Choice(QUANTIZE_CHOICES)),
     **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)
 }
 # Keys no rule types, and why: each is checked where it is read (with its own seqmix error) or is Hydra's
