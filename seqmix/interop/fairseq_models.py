@@ -4,7 +4,8 @@ walk the same table in opposite directions, so a name or a layout fixed once is 
 
 fairseq state dicts come in several generations; ``upgrade`` rewrites older names into the newest layout the table
 speaks (packed ``in_proj_weight`` split into q/k/v, transformer ``layer_norms.N`` renamed, a lightweight conv's
-(H, K) CUDA-layer weight unsqueezed to (H, 1, K), ``embed_out`` of a transformer renamed ``output_projection``), and
+(H, K) CUDA-layer weight unsqueezed to (H, 1, K), ``embed_out`` of a transformer renamed ``output_projection``, a
+lightconv saved by fairseq main (``layer_norm1/2``, ``output_projection``) renamed as v0.12.2 saves it), and
 drops what carries no weights (``version`` and sinusoidal ``_float_tensor`` buffers, stale sinusoidal tables, the
 encoder layers' fast-path copies of fairseq 0.12).
 ``buffers`` gives back what fairseq expects to find (exact values) when exporting.
@@ -233,6 +234,9 @@ class _EncoderDecoderFamily(Family):
     def _common_settings(self, model: dict) -> dict:
         enc, dec = model["encoder"], model["decoder"]
         share_all = bool(model.get("share_all_embeddings"))
+        if share_all and not model.get("share_decoder_input_output_embed", True):
+            _unsupported("share_all_embeddings with an untied output projection (fairseq's share_all_embeddings ties "
+                         "the output too)")
         learned = model.get("positions", "sinusoidal") == "learned"
         return {
             "encoder_embed_dim": model["embed_dim"], "decoder_embed_dim": model["embed_dim"],
@@ -468,16 +472,55 @@ class LightConvFamily(_EncoderDecoderFamily):
 
     def upgrade(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
         state = self._sinusoidal_leftovers(_drop_buffers(_split_in_proj(state)), s)
-        out = {}
-        for key, value in state.items():
-            if key.endswith(".conv.weight") and value.dim() == 2:  # the CUDA layer's (H, K)
-                value = value.unsqueeze(1)
-            out[key] = value
-        if "decoder.output_projection.weight" in out and self.output_name not in out:
-            out[self.output_name] = out.pop("decoder.output_projection.weight")
-        elif bool(s["share_all_embeddings"] or s["share_decoder_input_output_embed"]):
-            out.pop("decoder.output_projection.weight", None)
-        return out
+        state = lightconv_main_names(state, tied=bool(s["share_all_embeddings"]
+                                                      or s["share_decoder_input_output_embed"]))
+        return {k: (v.unsqueeze(1) if k.endswith(".conv.weight") and v.dim() == 2 else v)  # the CUDA layer's (H, K)
+                for k, v in state.items()}
+
+
+# fairseq main's "make lightconv scriptable" (after v0.12.2) renamed the encoder layers' norms and saves the output
+# as an nn.Linear; its scripted DynamicConv always holds a (1, 1, C) ``conv_bias`` that lightconv never adds (its
+# layers build DynamicConv without conv_bias, so the tensor is uninitialised memory)
+_MAIN_NORMS = {"layer_norm1": "layer_norms.0", "layer_norm2": "layer_norms.1"}
+
+
+def lightconv_main_names(state: dict[str, Tensor], tied: bool, output: str = "decoder.embed_out",
+                         embed: str = "decoder.embed_tokens.weight") -> dict[str, Tensor]:
+    """A lightconv state dict in fairseq main's names rewritten in v0.12.2's (what the tables speak); one naming
+    scheme per checkpoint: a mix is refused. ``output``/``embed``: the table's output and tied input names."""
+    def norm(key: str) -> tuple[str, str | None]:
+        parts = key.split(".")
+        if parts[:2] != ["encoder", "layers"] or len(parts) < 5:
+            return "", None
+        if len(parts) == 5 and parts[3] in _MAIN_NORMS:
+            return "main", ".".join([*parts[:3], _MAIN_NORMS[parts[3]], parts[4]])
+        return ("0.12" if parts[3] == "layer_norms" else ""), None
+
+    schemes = {norm(k)[0] for k in state} - {""}
+    if output in state:
+        schemes.add("0.12")
+    if "decoder.output_projection.weight" in state:
+        schemes.add("main")
+    if len(schemes) > 1:
+        raise SeqmixError("the lightconv checkpoint mixes fairseq v0.12 names (layer_norms.N, embed_out) with fairseq "
+                          "main's (layer_norm1/2, output_projection): re-save it from one fairseq version")
+    out = {}
+    for key, value in state.items():
+        renamed = norm(key)[1]
+        if renamed is not None:
+            key = renamed
+        elif key.endswith(".conv.conv_bias"):
+            continue
+        elif key == "decoder.output_projection.weight":
+            if tied:
+                if embed in state and not torch.equal(value, state[embed]):
+                    raise SeqmixError("the lightconv checkpoint shares its decoder's input and output embeddings but "
+                                      "decoder.output_projection.weight differs from its embed_tokens: it is damaged "
+                                      "or its settings are not the ones it was trained with")
+                continue
+            key = output
+        out[key] = value
+    return out
 
 
 class FConvFamily(Family):
