@@ -32,6 +32,8 @@ from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
 from seqmix.interop.fairseq_models import (
     FAMILIES,
+    LANGUAGE_MODELS,
+    PADDING_IDX,
     Family,
     family_for_seqmix,
     to_fairseq_state,
@@ -151,6 +153,8 @@ def read_fairseq(path: str | Path) -> FairseqCheckpoint:
     if not arch:
         raise SeqmixError(f"{path}: its settings name no architecture (no 'arch' or '_name')")
     family = FAMILIES[family_of(arch)]
+    if family.name in LANGUAGE_MODELS and settings.get("max_target_positions") is None:  # fairseq's build_model
+        settings["max_target_positions"] = task.get("max_target_positions") or task.get("tokens_per_sample") or 1024
     return FairseqCheckpoint(arch, family, complete_settings(arch, settings), ckpt["model"],
                              task.get("source_lang"), task.get("target_lang"), _generation(generation))
 
@@ -257,6 +261,10 @@ def import_checkpoint(checkpoint: str | Path, data_dir: str | Path, out: str | P
                       target_lang: str | None = None, bpe_codes: str | None = None, moses: bool = True):
     """fairseq ``checkpoint`` → seqmix checkpoint ``out``; returns the task."""
     fs = read_fairseq(checkpoint)
+    if fs.family.name in LANGUAGE_MODELS:
+        raise SeqmixError(f"{checkpoint} is a fairseq language model ({fs.arch}): the import command reads "
+                          "translation models; load it in Python with "
+                          "seqmix.interop.fairseq.language_model_from_fairseq(read_fairseq(path))")
     source_lang, target_lang = source_lang or fs.source_lang, target_lang or fs.target_lang
     if not source_lang or not target_lang:
         raise SeqmixError("the checkpoint does not say its languages: pass --source-lang and --target-lang")
@@ -265,6 +273,63 @@ def import_checkpoint(checkpoint: str | Path, data_dir: str | Path, out: str | P
     task = build_imported_task(fs, tokenizer, data_dir, source_lang, target_lang)
     save_seqmix_checkpoint(out, task, {"fairseq": {"arch": fs.arch, "source": str(checkpoint)}})
     return task
+
+
+# --- language models (library level) -------------------------------------------------------------------------------
+def _language_model_vocab(state: dict) -> int:
+    """The vocabulary size of a fairseq language model's state: its input table's rows (all bands)."""
+    bands = [v for k, v in state.items() if k.startswith("decoder.embed_tokens.embeddings.") and k.endswith(".0.weight")]
+    table = state.get("decoder.embed_tokens.weight")
+    if table is None and not bands:
+        raise SeqmixError("the fairseq language model has no decoder.embed_tokens: it is not a transformer_lm or "
+                          "lightconv_lm state dict")
+    return int(table.shape[0]) if table is not None else sum(int(b.shape[0]) for b in bands)
+
+
+def language_model_config(model: dict, adaptive: dict) -> DictConfig:
+    """The part of a run config ``seqmix.config.build.build_model`` reads for a language model."""
+    return OmegaConf.create({"model": model, "task": {"module": {"_target_": "seqmix.tasks.LanguageModelingTask",
+                                                                 "_partial_": True}, "adaptive": adaptive}})
+
+
+def language_model_from_fairseq(fs: FairseqCheckpoint):
+    """A fairseq ``transformer_lm*`` / ``lightconv_lm*`` checkpoint (``read_fairseq``) as seqmix's DecoderOnly in eval
+    mode, with the ``model`` and ``task.adaptive`` configs it was built from: ``(model, model_config, adaptive)``."""
+    from seqmix.config.build import build_model
+
+    if fs.family.name not in LANGUAGE_MODELS:
+        raise SeqmixError(f"fairseq architecture {fs.arch} is a translation model: use import_checkpoint")
+    vocab = _language_model_vocab(fs.state)
+    settings = fs.family.settled(fs.settings, vocab)
+    model_cfg, adaptive = fs.family.seqmix_config(fs.arch, settings), fs.family.adaptive_config(settings)
+    model = build_model(language_model_config(model_cfg, adaptive), vocab, PADDING_IDX)
+    model.load_state_dict(to_seqmix_state(fs.family, settings, fs.state, model.state_dict()), strict=True)
+    return model.eval(), model_cfg, adaptive
+
+
+def _identity_projections(family: Family, settings: dict, state: dict, embed_dim: int) -> dict:
+    """Band projections fairseq has and the seqmix model leaves out (a band as wide as the model, band 0 unless
+    ``task.adaptive.project_all_bands``): identity matrices, the same outputs."""
+    state = dict(state)
+    for rule in family.rules(settings):
+        if rule.seqmix not in state and rule.seqmix.endswith("proj.weight"):
+            state[rule.seqmix] = torch.eye(embed_dim)
+    return state
+
+
+def language_model_to_fairseq(model: dict, adaptive: dict | None, state: dict) -> dict:
+    """A seqmix language model (its ``model`` config, ``task.adaptive`` and DecoderOnly state dict) as a fairseq
+    ``transformer_lm`` / ``lightconv_lm`` checkpoint container (``args`` style, every setting explicit)."""
+    mixer = (model.get("decoder") or {}).get("mixer") or {}
+    family = FAMILIES["transformer_lm" if mixer.get("_target_") == "seqmix.mixers.SelfAttention" else "lightconv_lm"]
+    arch, settings = family.fairseq_settings(model, adaptive)
+    fairseq_state = to_fairseq_state(family, settings, _identity_projections(family, settings, state,
+                                                                            int(model["embed_dim"])))
+    args = Namespace(arch=arch, task="language_modeling", data=".", sample_break_mode="none",
+                     criterion="adaptive_loss" if settings["adaptive_softmax_cutoff"] else "cross_entropy",
+                     optimizer="nag", lr_scheduler="cosine", lr=[1.0], dataset_impl=None, add_bos_token=False,
+                     **settings)
+    return {**fairseq_container(arch, settings, fairseq_state, "", ""), "args": args}
 
 
 # --- export ---------------------------------------------------------------------------------------------------------

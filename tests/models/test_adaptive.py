@@ -182,8 +182,8 @@ def test_untied_projections_share_only_the_word_vectors():
 
 
 def test_a_pre_norm_stack_without_final_norm():
-    from seqmix.models.decoder_only import DecoderOnly
     from seqmix.mixers import SelfAttention
+    from seqmix.models.decoder_only import DecoderOnly
 
     decoder = {"layers": 1, "ffn_dim": 8, "heads": 2, "normalize_before": True,
                "mixer": functools.partial(SelfAttention)}
