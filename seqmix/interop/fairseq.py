@@ -321,7 +321,8 @@ def language_model_to_fairseq(model: dict, adaptive: dict | None, state: dict) -
     """A seqmix language model (its ``model`` config, ``task.adaptive`` and DecoderOnly state dict) as a fairseq
     ``transformer_lm`` / ``lightconv_lm`` checkpoint container (``args`` style, every setting explicit)."""
     mixer = (model.get("decoder") or {}).get("mixer") or {}
-    family = FAMILIES["transformer_lm" if mixer.get("_target_") == "seqmix.mixers.SelfAttention" else "lightconv_lm"]
+    family = FAMILIES[{"seqmix.mixers.SelfAttention": "transformer_lm",
+                       "seqmix.mixers.TaLK": "talkconv_lm"}.get(mixer.get("_target_"), "lightconv_lm")]
     arch, settings = family.fairseq_settings(model, adaptive)
     fairseq_state = to_fairseq_state(family, settings, _identity_projections(family, settings, state,
                                                                             int(model["embed_dim"])))

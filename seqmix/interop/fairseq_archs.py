@@ -75,7 +75,10 @@ LIGHTCONV_LM_BASE = {
     "tie_adaptive_weights": False, "tie_adaptive_proj": False, "decoder_kernel_size_list": [3, 7, 15, 31, 31, 31],
     "decoder_glu": True, "input_dropout": 0.1, "decoder_conv_type": "dynamic", "weight_softmax": True,
 }
-LANGUAGE_MODEL_FAMILIES = ("transformer_lm", "lightconv_lm")
+# the official TaLK code's language model (github.com/lioutasb/TaLKConvolutions, talkconv/talkconv_fairseq/
+# talkconv_lm.py): lightconv_lm's layout with TaLK layers (conv.offsets) and a Swish FFN
+TALKCONV_LM_BASE = {**LIGHTCONV_LM_BASE, "decoder_conv_type": "talk"}
+LANGUAGE_MODEL_FAMILIES = ("transformer_lm", "lightconv_lm", "talkconv_lm")
 
 # architecture name -> (family, settings in the order they apply; the family's base comes last)
 ARCHITECTURES: dict[str, tuple[str, list[dict]]] = {
@@ -138,12 +141,20 @@ ARCHITECTURES: dict[str, tuple[str, list[dict]]] = {
                                                        "decoder_layers": 36, "decoder_attention_heads": 20}, _GPT]),
     "transformer_lm_gpt2_big": ("transformer_lm", [{"decoder_embed_dim": 1600, "decoder_ffn_embed_dim": 6400,
                                                     "decoder_layers": 48, "decoder_attention_heads": 25}, _GPT]),
+    "talkconv_lm": ("talkconv_lm", []),
+    "talkconv_lm_big": ("talkconv_lm", [_LM_BIG]),
+    "talkconv_lm_wiki103": ("talkconv_lm", [{
+        "decoder_layers": 17, "decoder_attention_heads": 16, "dropout": 0.3, "adaptive_input": True,
+        "tie_adaptive_weights": True, "adaptive_input_cutoff": "20000,60000", "adaptive_softmax_cutoff": "20000,60000",
+        "adaptive_softmax_dropout": 0.2, "attention_dropout": 0.1, "weight_dropout": 0.2, "activation_dropout": 0.1,
+        "relu_dropout": 0.1, "tie_adaptive_proj": True, "decoder_glu": True,
+        "decoder_kernel_size_list": [3, 5, 7, 15, 31] + [63] * 12}, _LM_BIG]),
     "lightconv_lm": ("lightconv_lm", []),
     "lightconv_lm_gbw": ("lightconv_lm", [{"decoder_embed_dim": 512, "dropout": 0.1, "attention_dropout": 0.1,
                                            "decoder_ffn_embed_dim": 4096, "decoder_attention_heads": 16}]),
 }
 BASES = {"transformer": TRANSFORMER_BASE, "lightconv": LIGHTCONV_BASE, "fconv": FCONV_BASE,
-         "transformer_lm": TRANSFORMER_LM_BASE, "lightconv_lm": LIGHTCONV_LM_BASE}
+         "transformer_lm": TRANSFORMER_LM_BASE, "lightconv_lm": LIGHTCONV_LM_BASE, "talkconv_lm": TALKCONV_LM_BASE}
 
 
 def family_of(arch: str) -> str:
@@ -164,7 +175,7 @@ def complete_settings(arch: str, given: dict) -> dict:
             settings.setdefault(key, value)
     derived = {"decoder_output_dim": "decoder_embed_dim", "decoder_input_dim": "decoder_embed_dim"}
     if family in LANGUAGE_MODEL_FAMILIES:
-        if family == "lightconv_lm":
+        if family in ("lightconv_lm", "talkconv_lm"):
             derived.update(decoder_conv_dim="decoder_embed_dim", weight_dropout="attention_dropout")
     elif family == "fconv":
         derived = {"decoder_embed_dim": "encoder_embed_dim"}

@@ -955,9 +955,64 @@ class LightConvLMFamily(_LanguageModelFamily):
         return {k: (v.unsqueeze(1) if k.endswith(".conv.weight") and v.dim() == 2 else v) for k, v in state.items()}
 
 
+class TaLKLayers(LightConvFamily):
+    """The official TaLK code's layers (its fairseq plug-in, github.com/lioutasb/TaLKConvolutions): lightconv's with
+    a ``TaLKConv`` whose ``offsets`` Linear predicts the window extents (sigmoid; decoder: left only, l_max = the
+    layer's kernel size) and a Swish FFN. Its CUDA kernels compute seqmix's TaLK: S = cumsum(x / (l_max + 1)),
+    y_t = S_t - S at the interpolated position a_l - 1, a_l = clamp(t - sigma * l_max, 0, T - 1)."""
+
+    def _side(self, side: str, s: dict) -> dict:
+        _check(side == "decoder", "a TaLK encoder (only the official code's language models map)")
+        layers = int(s[f"{side}_layers"])
+        mixer = {"_target_": "seqmix.mixers.TaLK", "_partial_": True,
+                 "kernel_size": kernel_list(s[f"{side}_kernel_size_list"], layers, side),
+                 "glu": bool(s[f"{side}_glu"]), "offset_dropout": float(s["weight_dropout"]),
+                 "input_dropout": float(s["input_dropout"]), "conv_dim": int(s[f"{side}_conv_dim"]),
+                 "kernel_backend": "auto", "output_normalization": True}
+        return {"layers": layers, "heads": int(s[f"{side}_attention_heads"]), "ffn_dim": int(s[f"{side}_ffn_embed_dim"]),
+                "normalize_before": bool(s[f"{side}_normalize_before"]), "activation": "swish",
+                "activation_dropout": float(s["relu_dropout"]), "mixer": mixer}
+
+    @staticmethod
+    def layer_pairs(side: str, s: dict, cross: bool) -> list[tuple[str, str]]:
+        _check(not cross, "a TaLK encoder-decoder (only the official code's language models map)")
+        pairs = _linear("linear1", "mixer.linear1") + _linear("conv.offsets", "mixer.offset_proj")
+        pairs += _linear("linear2", "mixer.linear2") + _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
+        return pairs + _norm("conv_layer_norm", "mixer_residual.norm") + _norm("final_layer_norm", "ffn_residual.norm")
+
+
+class TaLKLMFamily(LightConvLMFamily):
+    """The official TaLK code's ``talkconv_lm``: lightconv_lm's input, output and block layout (no final LayerNorm),
+    TaLK layers."""
+
+    name = arch = "talkconv_lm"
+
+    def __init__(self) -> None:
+        self.layers = TaLKLayers()
+
+    def _layer_settings(self, model: dict, dec: dict) -> dict:
+        if dec.get("final_norm", True):
+            _unsupported("a final LayerNorm (talkconv_lm has none: train with model.decoder.final_norm=false)")
+        if not model.get("scale_embedding", True):
+            _unsupported("scale_embedding=false (talkconv_lm always scales embeddings by sqrt(d))")
+        mixer = _mixer_of(dec)
+        if dec.get("activation", "relu") != "swish":
+            _unsupported(f"decoder FFN activation {dec.get('activation', 'relu')} (talkconv_lm's FFN is swish)")
+        if not mixer.get("output_normalization", True):
+            _unsupported("TaLK without output normalization")
+        layers = int(dec["layers"])
+        kernel = mixer.get("kernel_size")
+        sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
+        return {"decoder_kernel_size_list": sizes, "decoder_glu": bool(mixer.get("glu", True)),
+                "decoder_conv_dim": int(mixer.get("conv_dim") or model["embed_dim"]),
+                "weight_dropout": float(mixer.get("offset_dropout", 0.0)),
+                "input_dropout": float(mixer.get("input_dropout", 0.0)),
+                "relu_dropout": float(dec.get("activation_dropout", 0.0)), "attention_dropout": 0.0}
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (TransformerFamily(), LightConvFamily(), FConvFamily(),
-                                                   TransformerLMFamily(), LightConvLMFamily())}
-LANGUAGE_MODELS = ("transformer_lm", "lightconv_lm")
+                                                   TransformerLMFamily(), LightConvLMFamily(), TaLKLMFamily())}
+LANGUAGE_MODELS = ("transformer_lm", "lightconv_lm", "talkconv_lm")
 
 # seqmix model config target -> the family that exports it
 EXPORTERS = {"seqmix.models.convs2s.ConvS2S": "fconv"}

@@ -72,6 +72,7 @@ CASES = {
         "task.adaptive.cutoffs=[10,30]", "task.adaptive.softmax=false", "model.decoder.activation=gelu"],
     "dynamicconv, plain tied": ["model=dynamicconv_small", "+model.decoder.final_norm=false",
                                 "task.adaptive.input=false", "task.adaptive.softmax=false"],
+    "talk, tied adaptive": ["model=talk_small", "+model.decoder.final_norm=false", "task.adaptive.cutoffs=[10,30]"],
     "lightconv, adaptive softmax only": ["model=lightconv_small", "+model.decoder.final_norm=false",
                                          "model.share_decoder_input_output_embed=false", "task.adaptive.input=false",
                                          "task.adaptive.cutoffs=[10,30]"],
@@ -82,7 +83,8 @@ CASES = {
 def test_a_seqmix_language_model_through_fairseq_scores_identically(tmp_path, case):
     model, model_cfg, adaptive = seqmix_lm(CASES[case])
     container, (back, back_cfg, back_adaptive) = through_fairseq(tmp_path, model, model_cfg, adaptive)
-    assert container["args"].arch == ("transformer_lm" if "transformer" in case else "lightconv_lm")
+    assert container["args"].arch == ("transformer_lm" if "transformer" in case else
+                                      "talkconv_lm" if "talk" in case else "lightconv_lm")
     assert container["args"].decoder_normalize_before and back_adaptive["project_all_bands"]
     x = tokens()
     assert torch.equal(log_probs(back, x), log_probs(model, x))
@@ -270,3 +272,73 @@ def test_the_import_command_refuses_a_language_model_in_one_line(tmp_path):
                            "--out", str(tmp_path / "x.ckpt")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
     assert "language model (transformer_lm)" in proc.stderr and "language_model_from_fairseq" in proc.stderr
+
+
+# --- the official TaLK code's talkconv_lm ------------------------------------------------------------------------
+KERNELS = [3, 5]
+
+
+def official_talk_lm(seed: int = 0) -> dict:
+    """TaLKConvLanguageModel.state_dict() of github.com/lioutasb/TaLKConvolutions (its TaLKConvDecoder without
+    cross-attention and without a final norm): a plain embedding tied to the output, GLU, 2 heads."""
+    w, sd = Weights(seed), {}
+    sd["decoder.embed_tokens.weight"] = w(V, D)
+    sd["decoder.embed_positions._float_tensor"] = torch.zeros(1)
+    for layer in range(LAYERS):
+        p = f"decoder.layers.{layer}."
+        w.linear(sd, p + "linear1", 2 * D, D)
+        w.linear(sd, p + "conv.offsets", HEADS, D)  # decoder: one (left) offset per head
+        w.linear(sd, p + "linear2", D, D)
+        w.norm(sd, p + "conv_layer_norm", D)
+        w.linear(sd, p + "fc1", FFN, D)
+        w.linear(sd, p + "fc2", D, FFN)
+        w.norm(sd, p + "final_layer_norm", D)
+    sd["decoder.version"] = torch.tensor([2.0])
+    return sd
+
+
+def talk_window(u: torch.Tensor, sigma: torch.Tensor, l_max: int) -> torch.Tensor:
+    """The official CUDA decoder kernel's output for u (T, C) and offsets sigma (T, H): S = cumsum(u / K) with
+    K = l_max + 1, a = clamp(t - sigma * l_max, 0, T - 1), y_t = S_t - (alpha S[floor(a) - 1] + (1 - alpha)
+    S[ceil(a) - 1]), alpha = ceil(a) - a, S[-1] = 0."""
+    T, C = u.shape
+    S = torch.cumsum(u / (l_max + 1), 0).view(T, HEADS, C // HEADS)
+    out = torch.empty_like(S)
+    for t in range(T):
+        for h in range(HEADS):
+            a = min(max(t - float(sigma[t, h]) * l_max, 0.0), T - 1.0)
+            lo, hi = math.floor(a), math.ceil(a)
+            alpha = hi - a
+            before = (alpha * (S[lo - 1, h] if lo >= 1 else 0) + (1 - alpha) * (S[hi - 1, h] if hi >= 1 else 0))
+            out[t, h] = S[t, h] - before
+    return out.view(T, C)
+
+
+def reference_talk_log_probs(sd: dict, x: torch.Tensor) -> torch.Tensor:
+    g = {k: v.double() for k, v in sd.items() if v.is_floating_point()}
+    rows = []
+    for b in range(x.size(0)):
+        positions = torch.arange(x.size(1)) + PAD + 1
+        h = math.sqrt(D) * g["decoder.embed_tokens.weight"][x[b]] + sinusoidal(positions)
+        for layer, l_max in enumerate(KERNELS):
+            p = f"decoder.layers.{layer}."
+            u = F.glu(linear(g, p + "linear1", layer_norm(g, p + "conv_layer_norm", h)), dim=-1)
+            sigma = torch.sigmoid(linear(g, p + "conv.offsets", u))
+            h = h + linear(g, p + "linear2", talk_window(u, sigma, l_max))
+            y = linear(g, p + "fc1", layer_norm(g, p + "final_layer_norm", h))
+            h = h + linear(g, p + "fc2", y * torch.sigmoid(y))
+        rows.append((h @ g["decoder.embed_tokens.weight"].t()).log_softmax(-1))
+    return torch.stack(rows)
+
+
+def test_an_official_talk_language_model_scores_as_its_cuda_kernels_formula(tmp_path):
+    sd = official_talk_lm()
+    settings = {"arch": "talkconv_lm", "decoder_embed_dim": D, "decoder_ffn_embed_dim": FFN, "decoder_layers": LAYERS,
+                "decoder_attention_heads": HEADS, "decoder_kernel_size_list": KERNELS,
+                "share_decoder_input_output_embed": True, "tokens_per_sample": 64, "dropout": 0.0}
+    torch.save({"args": Namespace(**settings), "model": sd}, tmp_path / "talk.pt")
+    model, model_cfg, _ = language_model_from_fairseq(read_fairseq(tmp_path / "talk.pt"))
+    assert model_cfg["decoder"]["mixer"]["_target_"] == "seqmix.mixers.TaLK"
+    assert model_cfg["decoder"]["activation"] == "swish" and model_cfg["decoder"]["final_norm"] is False
+    x = tokens()
+    torch.testing.assert_close(log_probs(model, x), reference_talk_log_probs(sd, x), rtol=0, atol=1e-12)
