@@ -265,13 +265,48 @@ def test_a_lightconv_lm_with_a_final_norm_is_not_exported():
         language_model_to_fairseq(model_cfg, adaptive, model.state_dict())
 
 
-def test_the_import_command_refuses_a_language_model_in_one_line(tmp_path):
+def command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_commands_export_and_import_a_language_model(tmp_path):
+    """export writes checkpoint.pt + dict.txt; import reads them back into a language-modeling checkpoint that scores
+    texts as the original."""
+    from seqmix.config.build import load_task
+    from tests.interop.test_fairseq_roundtrip import SENTENCES, saved_seqmix_checkpoint
+
+    original = saved_seqmix_checkpoint(tmp_path, [*LM, *CASES["transformer, tied adaptive input and softmax"][:2],
+                                                  "task.adaptive.cutoffs=[10,30]", "task.data.tokens_per_sample=64"])
+    done = command("export", str(original), "--out", str(tmp_path / "fairseq"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {p.name for p in (tmp_path / "fairseq").iterdir()} == {"checkpoint.pt", "dict.txt", "seqmix_tokenizer.json"}
+    assert torch.load(tmp_path / "fairseq" / "checkpoint.pt", weights_only=False)["args"].arch == "transformer_lm"
+    done = command("import", str(tmp_path / "fairseq" / "checkpoint.pt"), "--data-dir", str(tmp_path / "fairseq"),
+                   "--out", str(tmp_path / "back.ckpt"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    (before, _), (after, _) = load_task(original), load_task(tmp_path / "back.ckpt")
+    assert type(after).__name__ == "LanguageModelingTask"
+    x = tokens() % before.tokenizer.vocab_size
+    assert torch.equal(log_probs(after.model, x), log_probs(before.model, x))
+    assert after.evaluate_texts(SENTENCES)[1].score == before.evaluate_texts(SENTENCES)[1].score
+
+
+def test_a_fairseq_language_model_imports_with_its_dict_txt(tmp_path):
+    from seqmix.config.build import load_task
+    from seqmix.data.fairseq_dictionary import FairseqDictionary
+
     torch.save(container_of(fairseq_transformer_lm(True, False, False)), tmp_path / "lm.pt")
-    proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "lm.pt"),
-                           "--data-dir", str(tmp_path), "--source-lang", "x", "--target-lang", "y",
-                           "--out", str(tmp_path / "x.ckpt")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
-    assert "language model (transformer_lm)" in proc.stderr and "language_model_from_fairseq" in proc.stderr
+    FairseqDictionary([f"w{i}" for i in range(V - 4)]).save(tmp_path / "dict.txt")
+    done = command("import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path), "--no-moses",
+                   "--out", str(tmp_path / "lm.ckpt"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    task = load_task(tmp_path / "lm.ckpt")[0]
+    assert task.tokenizer.encode("w0 w41") == [4, 45]
+    assert math.isfinite(task.evaluate_texts(["w0 w41 w7", "w3"])[1].score)
+    FairseqDictionary([f"w{i}" for i in range(V - 5)]).save(tmp_path / "dict.txt")
+    done = command("import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path), "--out", str(tmp_path / "x.ckpt"))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "dict.txt it was trained with" in done.stderr
 
 
 # --- the official TaLK code's talkconv_lm ------------------------------------------------------------------------
