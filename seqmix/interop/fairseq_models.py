@@ -289,7 +289,7 @@ class _EncoderDecoderFamily(Family):
             rules += _rules([("embed_positions.weight", "embed_positions.weights.weight")], "encoder.", "encoder.")
             rules += _rules([("embed_positions.weight", "embed_positions.weights.weight")], "decoder.", "decoder.")
         for side in ("encoder", "decoder"):
-            if s[f"{side}_normalize_before"]:
+            if s[f"{side}_normalize_before"] and not (side == "decoder" and s.get("no_decoder_final_norm")):
                 rules += _rules(_norm("layer_norm", "layer_norm"), f"{side}.", f"{side}.")
         return rules
 
@@ -317,8 +317,6 @@ class TransformerFamily(_EncoderDecoderFamily):
                "no_cross_attention / cross_self_attention")
         _check(s["activation_fn"] in self.ACTIVATIONS,
                f"activation_fn {s['activation_fn']!r} (seqmix has relu, gelu (exact), swish)")
-        _check(not (s["decoder_normalize_before"] and s.get("no_decoder_final_norm")),
-               "no_decoder_final_norm on a pre-norm decoder (seqmix's pre-norm stacks end in a LayerNorm)")
         return super().seqmix_config(arch, s)
 
     def _side(self, side: str, s: dict) -> dict:
@@ -330,12 +328,16 @@ class TransformerFamily(_EncoderDecoderFamily):
                          "attention_dropout": float(s["attention_dropout"])}}
         if side == "decoder":
             out.update(attention_dropout=float(s["attention_dropout"]), cross_attention_heads=out["heads"])
+            if s.get("no_decoder_final_norm") and out["normalize_before"]:
+                out["final_norm"] = False
         return out
 
     def fairseq_settings(self, model: dict) -> tuple[str, dict]:
         self._check_heads(model)
         for side in ("encoder", "decoder"):
             self.check_side(side, model[side])
+        if not model["encoder"].get("final_norm", True) and model["encoder"].get("normalize_before"):
+            _unsupported("a pre-norm encoder without its final LayerNorm (fairseq's transformer always has it)")
         enc, dec = model["encoder"], model["decoder"]
         activation = enc.get("activation", "relu")
         if dec.get("activation", "relu") != activation:
@@ -351,7 +353,8 @@ class TransformerFamily(_EncoderDecoderFamily):
                                                        "decoder": dec.get("activation_dropout", 0.0)},
                                                       "activation_dropout")),
             relu_dropout=0.0, layernorm_embedding=False, no_cross_attention=False, cross_self_attention=False,
-            no_decoder_final_norm=False, tie_adaptive_weights=False, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+            no_decoder_final_norm=not dec.get("final_norm", True), tie_adaptive_weights=False,
+            encoder_layerdrop=0.0, decoder_layerdrop=0.0,
             encoder_layers_to_keep=None, decoder_layers_to_keep=None, quant_noise_pq=0.0,
             quant_noise_pq_block_size=8, quant_noise_scalar=0.0, checkpoint_activations=False,
             offload_activations=False,
@@ -437,6 +440,8 @@ class LightConvFamily(_EncoderDecoderFamily):
         s = self._common_settings(model)
         mixers = {}
         for side in ("encoder", "decoder"):
+            if model[side].get("normalize_before") and not model[side].get("final_norm", True):
+                _unsupported(f"a pre-norm {side} without its final LayerNorm (fairseq's lightconv always has it)")
             mixers[side] = _mixer_of(model[side])
             s.update(self.side_settings(side, model[side], model["embed_dim"]))
         s.update(

@@ -390,3 +390,18 @@ def test_decoding_settings_come_from_the_checkpoints_generation_options(tmp_path
     assert task.run_config["task"]["generation"] == {
         "beam_size": 5, "len_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 200, "min_len_a": 0.0, "min_len_b": 1,
         "no_repeat_ngram_size": 0}
+
+
+def test_a_pre_norm_transformer_without_the_decoders_final_norm_imports_and_exports_back(tmp_path):
+    """no_decoder_final_norm (fairseq's transformer option) is model.decoder.final_norm=false."""
+    state = transformer_state(pre=True)
+    del state["decoder.layer_norm.weight"], state["decoder.layer_norm.bias"]
+    settings = {**TRANSFORMER, "encoder_normalize_before": True, "decoder_normalize_before": True,
+                "no_decoder_final_norm": True}
+    task, ckpt = imported(tmp_path, cfg_container(settings, state))
+    assert task.model.decoder.layer_norm is None and task.model.encoder.layer_norm is not None
+    assert task.run_config["model"]["decoder"]["final_norm"] is False
+    back = exported(tmp_path, ckpt)
+    assert_same_state(back["model"], state)
+    assert back["args"].no_decoder_final_norm is True
+    step_equals_full(task, start=2)
