@@ -75,6 +75,22 @@ LIGHTCONV_LM_BASE = {
     "tie_adaptive_weights": False, "tie_adaptive_proj": False, "decoder_kernel_size_list": [3, 7, 15, 31, 31, 31],
     "decoder_glu": True, "input_dropout": 0.1, "decoder_conv_type": "dynamic", "weight_softmax": True,
 }
+# the official TaLK code's translation models (github.com/lioutasb/TaLKConvolutions, talkconv/talkconv_fairseq/
+# talkconv.py): lightconv's layout, kernel lists are the maximum offsets
+TALKCONV_BASE = {k: v for k, v in LIGHTCONV_BASE.items() if k not in ("encoder_conv_type", "decoder_conv_type",
+                                                                       "weight_softmax")}
+TALKCONV_BASE.update(encoder_kernel_size_list=[1, 3, 7, 15, 15, 15, 15], decoder_kernel_size_list=[1, 3, 7, 15, 15, 15])
+_TALKCONV_BIG = {"attention_dropout": 0.1, "encoder_layers": 7, "encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096,
+                 "encoder_attention_heads": 16, "encoder_normalize_before": False, "decoder_layers": 6,
+                 "decoder_embed_dim": 1024, "decoder_ffn_embed_dim": 4096, "decoder_attention_heads": 16,
+                 "decoder_normalize_before": False, "dropout": 0.3, "encoder_kernel_size_list": [3, 7, 15, 31, 31, 31, 31],
+                 "decoder_kernel_size_list": [3, 7, 15, 31, 31, 31]}
+_TALKCONV_CNNDM = {"encoder_embed_dim": 512, "encoder_ffn_embed_dim": 2048, "encoder_attention_heads": 8,
+                   "encoder_layers": 7, "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 2048,
+                   "decoder_attention_heads": 6, "decoder_layers": 6, "attention_dropout": 0.1, "dropout": 0.3,
+                   "encoder_kernel_size_list": [3, 7, 15, 31, 31, 31, 31],
+                   "decoder_kernel_size_list": [3, 7, 15, 31, 31, 31]}
+
 # the official TaLK code's language model (github.com/lioutasb/TaLKConvolutions, talkconv/talkconv_fairseq/
 # talkconv_lm.py): lightconv_lm's layout with TaLK layers (conv.offsets) and a Swish FFN
 TALKCONV_LM_BASE = {**LIGHTCONV_LM_BASE, "decoder_conv_type": "talk"}
@@ -141,6 +157,18 @@ ARCHITECTURES: dict[str, tuple[str, list[dict]]] = {
                                                        "decoder_layers": 36, "decoder_attention_heads": 20}, _GPT]),
     "transformer_lm_gpt2_big": ("transformer_lm", [{"decoder_embed_dim": 1600, "decoder_ffn_embed_dim": 6400,
                                                     "decoder_layers": 48, "decoder_attention_heads": 25}, _GPT]),
+    "talkconv": ("talkconv", []),
+    "talkconv_wmt_en_de_big": ("talkconv", [_TALKCONV_BIG]),
+    "talkconv_wmt_en_fr_big": ("talkconv", [{"dropout": 0.1}, _TALKCONV_BIG]),
+    "talkconv_iwslt_de_en": ("talkconv", [{
+        "encoder_embed_dim": 512, "encoder_ffn_embed_dim": 1024, "encoder_attention_heads": 4, "encoder_layers": 7,
+        "decoder_embed_dim": 512, "decoder_ffn_embed_dim": 1024, "decoder_attention_heads": 4, "decoder_layers": 6,
+        "attention_dropout": 0.1, "weight_dropout": 0.1, "encoder_glu": False, "decoder_glu": False,
+        "input_dropout": 0.0}]),
+    "talkconv_cnndm_std": ("talkconv", [_TALKCONV_CNNDM]),
+    "talkconv_cnndm_deep": ("talkconv", [{
+        "encoder_layers": 10, "decoder_layers": 10, "encoder_kernel_size_list": [3, 7, 15] + [31] * 7,
+        "decoder_kernel_size_list": [3, 7] + [31] * 8}, _TALKCONV_CNNDM]),
     "talkconv_lm": ("talkconv_lm", []),
     "talkconv_lm_big": ("talkconv_lm", [_LM_BIG]),
     "talkconv_lm_wiki103": ("talkconv_lm", [{
@@ -153,7 +181,7 @@ ARCHITECTURES: dict[str, tuple[str, list[dict]]] = {
     "lightconv_lm_gbw": ("lightconv_lm", [{"decoder_embed_dim": 512, "dropout": 0.1, "attention_dropout": 0.1,
                                            "decoder_ffn_embed_dim": 4096, "decoder_attention_heads": 16}]),
 }
-BASES = {"transformer": TRANSFORMER_BASE, "lightconv": LIGHTCONV_BASE, "fconv": FCONV_BASE,
+BASES = {"transformer": TRANSFORMER_BASE, "lightconv": LIGHTCONV_BASE, "fconv": FCONV_BASE, "talkconv": TALKCONV_BASE,
          "transformer_lm": TRANSFORMER_LM_BASE, "lightconv_lm": LIGHTCONV_LM_BASE, "talkconv_lm": TALKCONV_LM_BASE}
 
 
@@ -182,7 +210,7 @@ def complete_settings(arch: str, given: dict) -> dict:
     else:
         derived = {"decoder_embed_dim": "encoder_embed_dim", "decoder_ffn_embed_dim": "encoder_ffn_embed_dim",
                    **derived}
-    if family == "lightconv":
+    if family in ("lightconv", "talkconv"):
         derived.update(encoder_conv_dim="encoder_embed_dim", decoder_conv_dim="decoder_embed_dim",
                        weight_dropout="attention_dropout")
     for key, source in derived.items():  # in order: decoder_embed_dim first, the dims derived from it after

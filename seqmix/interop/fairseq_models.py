@@ -960,30 +960,83 @@ class LightConvLMFamily(_LanguageModelFamily):
         return {k: (v.unsqueeze(1) if k.endswith(".conv.weight") and v.dim() == 2 else v) for k, v in state.items()}
 
 
-class TaLKLayers(LightConvFamily):
-    """The official TaLK code's layers (its fairseq plug-in, github.com/lioutasb/TaLKConvolutions): lightconv's with
-    a ``TaLKConv`` whose ``offsets`` Linear predicts the window extents (sigmoid; decoder: left only, l_max = the
-    layer's kernel size) and a Swish FFN. Its CUDA kernels compute seqmix's TaLK: S = cumsum(x / (l_max + 1)),
-    y_t = S_t - S at the interpolated position a_l - 1, a_l = clamp(t - sigma * l_max, 0, T - 1)."""
+class TaLKFamily(LightConvFamily):
+    """The official TaLK code's ``talkconv`` (its fairseq plug-in, github.com/lioutasb/TaLKConvolutions): lightconv's
+    layout with a ``TaLKConv`` whose ``offsets`` Linear predicts the window extents (sigmoid; encoder: H left then H
+    right, l_max = r_max = the layer's kernel size; decoder: H left, r_max = 0) and a Swish FFN. Its CUDA kernels
+    compute seqmix's TaLK: S = cumsum(x / (l_max + r_max + 1)), y_t = S at a_r minus S at a_l - 1, both read by
+    linear interpolation, a_l = clamp(t - sigma_l * l_max, 0, T - 1), a_r = clamp(t + sigma_r * r_max, 0, T - 1)."""
+
+    name = "talkconv"
 
     def _side(self, side: str, s: dict) -> dict:
-        _check(side == "decoder", "a TaLK encoder (only the official code's language models map)")
         layers = int(s[f"{side}_layers"])
         mixer = {"_target_": "seqmix.mixers.TaLK", "_partial_": True,
                  "kernel_size": kernel_list(s[f"{side}_kernel_size_list"], layers, side),
                  "glu": bool(s[f"{side}_glu"]), "offset_dropout": float(s["weight_dropout"]),
                  "input_dropout": float(s["input_dropout"]), "conv_dim": int(s[f"{side}_conv_dim"]),
                  "kernel_backend": "auto", "output_normalization": True}
-        return {"layers": layers, "heads": int(s[f"{side}_attention_heads"]), "ffn_dim": int(s[f"{side}_ffn_embed_dim"]),
-                "normalize_before": bool(s[f"{side}_normalize_before"]), "activation": "swish",
-                "activation_dropout": float(s["relu_dropout"]), "mixer": mixer}
+        out = {"layers": layers, "heads": int(s[f"{side}_attention_heads"]), "ffn_dim": int(s[f"{side}_ffn_embed_dim"]),
+               "normalize_before": bool(s[f"{side}_normalize_before"]), "activation": "swish",
+               "activation_dropout": float(s["relu_dropout"]), "mixer": mixer}
+        if side == "decoder":
+            out.update(attention_dropout=float(s["attention_dropout"]), cross_attention_heads=out["heads"])
+        return out
+
+    @classmethod
+    def side_settings(cls, side: str, model_side: dict, embed_dim: int) -> dict:
+        mixer = _mixer_of(model_side)
+        if mixer.get("_target_") != "seqmix.mixers.TaLK":
+            _unsupported(f"{side} mixer {mixer.get('_target_')} (the TaLK code's models have TaLK layers only)")
+        if model_side.get("activation", "relu") != "swish":
+            _unsupported(f"{side} FFN activation {model_side.get('activation', 'relu')} (TaLK's FFN is swish)")
+        if not mixer.get("output_normalization", True):
+            _unsupported("TaLK without output normalization")
+        layers = int(model_side["layers"])
+        kernel, right = mixer.get("kernel_size"), mixer.get("right_kernel_size")
+        sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
+        if right is not None and side == "encoder":
+            rights = [int(right)] * layers if isinstance(right, int) else [int(k) for k in right][:layers]
+            if rights != sizes:
+                _unsupported("right_kernel_size apart from kernel_size (the TaLK code's encoder uses one list)")
+        return {f"{side}_kernel_size_list": sizes, f"{side}_glu": bool(mixer.get("glu", True)),
+                f"{side}_conv_dim": int(mixer.get("conv_dim") or embed_dim)}
+
+    def fairseq_settings(self, model: dict) -> tuple[str, dict]:
+        self._check_heads(model)
+        if not model.get("scale_embedding", True):
+            _unsupported("scale_embedding=false (the TaLK code always scales embeddings by sqrt(d))")
+        s = self._common_settings(model)
+        for side in ("encoder", "decoder"):
+            if model[side].get("normalize_before") and not model[side].get("final_norm", True):
+                _unsupported(f"a pre-norm {side} without its final LayerNorm")
+            s.update(self.side_settings(side, model[side], model["embed_dim"]))
+        mixers = {side: _mixer_of(model[side]) for side in ("encoder", "decoder")}
+        s.update(
+            weight_dropout=float(_same_everywhere({k: m.get("offset_dropout", 0.0) for k, m in mixers.items()},
+                                                  "weight_dropout")),
+            input_dropout=float(_same_everywhere({k: m.get("input_dropout", 0.0) for k, m in mixers.items()},
+                                                 "input_dropout")),
+            relu_dropout=float(_same_everywhere({k: model[k].get("activation_dropout", 0.0) for k in mixers},
+                                                "relu_dropout")),
+            attention_dropout=float(model["decoder"].get("attention_dropout", 0.0)),
+        )
+        return "talkconv", s
 
     @staticmethod
     def layer_pairs(side: str, s: dict, cross: bool) -> list[tuple[str, str]]:
-        _check(not cross, "a TaLK encoder-decoder (only the official code's language models map)")
+        """lightconv's layer names with the TaLK layer's ``conv.offsets`` in place of the conv weights."""
+        norms = [("layer_norms.0", "mixer_residual.norm"), ("layer_norms.1", "ffn_residual.norm")] \
+            if side == "encoder" else [("conv_layer_norm", "mixer_residual.norm"), ("final_layer_norm",
+                                                                                  "ffn_residual.norm")]
+        if cross:
+            norms.append(("encoder_attn_layer_norm", "cross_residual.norm"))
         pairs = _linear("linear1", "mixer.linear1") + _linear("conv.offsets", "mixer.offset_proj")
-        pairs += _linear("linear2", "mixer.linear2") + _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
-        return pairs + _norm("conv_layer_norm", "mixer_residual.norm") + _norm("final_layer_norm", "ffn_residual.norm")
+        pairs += _linear("linear2", "mixer.linear2")
+        if cross:
+            pairs += _attention("encoder_attn", "cross_attn")
+        pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
+        return pairs + [pair for f, q in norms for pair in _norm(f, q)]
 
 
 class TaLKLMFamily(LightConvLMFamily):
@@ -993,7 +1046,7 @@ class TaLKLMFamily(LightConvLMFamily):
     name = arch = "talkconv_lm"
 
     def __init__(self) -> None:
-        self.layers = TaLKLayers()
+        self.layers = TaLKFamily()
 
     def _layer_settings(self, model: dict, dec: dict) -> dict:
         if dec.get("final_norm", True):
@@ -1001,21 +1054,13 @@ class TaLKLMFamily(LightConvLMFamily):
         if not model.get("scale_embedding", True):
             _unsupported("scale_embedding=false (talkconv_lm always scales embeddings by sqrt(d))")
         mixer = _mixer_of(dec)
-        if dec.get("activation", "relu") != "swish":
-            _unsupported(f"decoder FFN activation {dec.get('activation', 'relu')} (talkconv_lm's FFN is swish)")
-        if not mixer.get("output_normalization", True):
-            _unsupported("TaLK without output normalization")
-        layers = int(dec["layers"])
-        kernel = mixer.get("kernel_size")
-        sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
-        return {"decoder_kernel_size_list": sizes, "decoder_glu": bool(mixer.get("glu", True)),
-                "decoder_conv_dim": int(mixer.get("conv_dim") or model["embed_dim"]),
+        return {**TaLKFamily.side_settings("decoder", dec, int(model["embed_dim"])),
                 "weight_dropout": float(mixer.get("offset_dropout", 0.0)),
                 "input_dropout": float(mixer.get("input_dropout", 0.0)),
                 "relu_dropout": float(dec.get("activation_dropout", 0.0)), "attention_dropout": 0.0}
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (TransformerFamily(), LightConvFamily(), FConvFamily(),
+FAMILIES: dict[str, Family] = {f.name: f for f in (TransformerFamily(), LightConvFamily(), FConvFamily(), TaLKFamily(),
                                                    TransformerLMFamily(), LightConvLMFamily(), TaLKLMFamily())}
 LANGUAGE_MODELS = ("transformer_lm", "lightconv_lm", "talkconv_lm")
 
@@ -1030,9 +1075,10 @@ def family_for_seqmix(model: dict) -> Family:
         return FAMILIES[EXPORTERS[target]]
     if target not in ("seqmix.models.EncoderDecoder", "seqmix.models.encoder_decoder.EncoderDecoder"):
         raise SeqmixError(f"cannot export to fairseq: model {model.get('name')} ({target}) has no fairseq counterpart "
-                          "(transformer, lightconv/dynamicconv and ConvS2S models do)")
+                          "(transformer, lightconv/dynamicconv, TaLK and ConvS2S models do)")
     mixer = _mixer_of(model["encoder"])
-    return FAMILIES["transformer" if mixer.get("_target_") == "seqmix.mixers.SelfAttention" else "lightconv"]
+    return FAMILIES[{"seqmix.mixers.SelfAttention": "transformer",
+                     "seqmix.mixers.TaLK": "talkconv"}.get(mixer.get("_target_"), "lightconv")]
 
 
 # --- walking the table -----------------------------------------------------------------------------------------
