@@ -1,6 +1,8 @@
-"""The three fairseq model families seqmix maps (transformer, lightconv, fconv): their settings as a seqmix model
-config and back, and ONE table per family naming every tensor on both sides with its reshape. Import and export
-walk the same table in opposite directions, so a name or a layout fixed once is fixed both ways.
+"""The fairseq model families seqmix maps: translation (transformer, lightconv, fconv, and the official TaLK code's
+talkconv) and language models (transformer_lm, lightconv_lm, talkconv_lm, whose layers are their translation
+family's decoder layers without cross-attention): their settings as a seqmix model config and back, and ONE table per
+family naming every tensor on both sides with its reshape. Import and export walk the same table in opposite
+directions, so a name or a layout fixed once is fixed both ways.
 
 fairseq state dicts come in several generations; ``upgrade`` rewrites older names into the newest layout the table
 speaks (packed ``in_proj_weight`` split into q/k/v, transformer ``layer_norms.N`` renamed, a lightweight conv's
