@@ -181,7 +181,7 @@ MODEL = {
     "model.*.layers": AnyOf((COUNT, ListOf(ListOf(COUNT), min_length=1))), "model.*.heads": COUNT, "model.*heads": maybe(COUNT),
     "model.*.ffn_dim": COUNT, "model.max_*_positions": COUNT, "model.positions": Choice(("sinusoidal", "learned")),
     "model.decoder_start": Choice(("bos", "eos")), "*kernel_backend": Choice(("auto", "triton", "torch")),
-    "model.*.normalize_before": FLAG, "model.share_*": FLAG, "model.scale_embedding": FLAG,
+    "model.*.normalize_before": FLAG, "model.*.final_norm": FLAG, "model.share_*": FLAG, "model.scale_embedding": FLAG,
     "model.*.activation": Choice(tuple(ACTIVATIONS)), "model.*.pattern": TEXT, "model.*.out_embed_dim": COUNT,
     "model.decoder.attention": AnyOf((FLAG, ListOf(FLAG, min_length=1))),
     **MIXER,
@@ -221,6 +221,7 @@ TASK = {
     "task.bleu.pretokenized": FLAG, "task.bleu.lang": maybe(TEXT),
     "task.adaptive.factor": Number(1), "task.adaptive.softmax_dropout": PROBABILITY,
     "task.adaptive.cutoffs": ListOf(COUNT), "task.adaptive.input": FLAG, "task.adaptive.softmax": FLAG,
+    "task.adaptive.project_all_bands": FLAG, "task.adaptive.tie_projections": FLAG,
 }
 CALLBACKS = {
     "callbacks.*.dirpath": TEXT, "callbacks.*.filename": TEXT, "callbacks.*.monitor": maybe(TEXT),
