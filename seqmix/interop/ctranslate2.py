@@ -74,6 +74,9 @@ def check_exportable(model) -> None:
     norms = {layer.ffn_residual.normalize_before for side in (model.encoder, model.decoder) for layer in side.layers}
     if len(norms) != 1:
         raise SeqmixError("cannot export to CTranslate2: pre-norm on one side and post-norm on the other")
+    if norms == {True} and (model.encoder.layer_norm is None or model.decoder.layer_norm is None):
+        raise SeqmixError("cannot export to CTranslate2: its pre-norm Transformer ends each side in a LayerNorm, "
+                          "this model has none (model.<side>.final_norm=false)")
 
 
 def _activation(ctranslate2, fn):

@@ -161,6 +161,17 @@ def test_a_convs2s_model_is_refused_before_it_is_built(tmp_path):
         export_checkpoint(ckpt, tmp_path / "out")
 
 
+def test_a_pre_norm_model_without_its_final_norms_is_refused(tmp_path):
+    tok = train_tokenizer(sentences(50, 0), vocab_size=40)
+    ckpt = tmp_path / "m.ckpt"
+    config = run_config([*TINY, "model.encoder.normalize_before=true", "model.decoder.normalize_before=true",
+                         "+model.decoder.final_norm=false"])
+    save_seqmix_checkpoint(ckpt, build_task(config, tok))
+    with pytest.raises(SeqmixError, match="final_norm=false"):
+        export_checkpoint(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("case", ["missing", "corrupt", "not a checkpoint"])
 def test_missing_and_corrupt_checkpoints_end_in_one_line(case, tmp_path):
     ckpt = tmp_path / "best.ckpt"
