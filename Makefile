@@ -36,7 +36,7 @@ else ifeq ($(TORCH_BUILD),cpu)
 else
 	$(error TORCH_BUILD must be cpu or cuda, got '$(TORCH_BUILD)')
 endif
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,serve]"
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
 test: lint

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import common, conv_cores, data, decoding, mixers, training
+from benchmarks import common, conv_cores, data, decoding, mixers, serving, training
 
-SECTIONS = {"mixers": mixers, "conv_cores": conv_cores, "training": training, "decoding": decoding, "nat": decoding, "data": data}
+SECTIONS = {"mixers": mixers, "conv_cores": conv_cores, "training": training, "decoding": decoding, "nat": decoding, "data": data,
+            "serving": serving}
 
 
 def main(argv: list[str] | None = None, settings: dict | None = None) -> int:

@@ -89,7 +89,7 @@ def options(draw, slots: dict, most: int) -> list[str]:
 def commands(draw) -> tuple[str, bool, list[str]]:
     """(script or module, is a module, arguments with @path@ placeholders for the zoo's files)."""
     kind = draw(st.sampled_from(["train", "generate", "generate", "preprocess", "report", "import", "export",
-                                 "average"]))
+                                 "average", "ctranslate2"]))
     if kind == "train":
         return "train.py", False, [*TRAIN_BASE, "hydra.run.dir=@work@/run", *options(draw, TRAIN_OPTIONS, 2)]
     if kind == "generate":
@@ -109,6 +109,10 @@ def commands(draw) -> tuple[str, bool, list[str]]:
     if kind == "import":
         return "seqmix.interop.fairseq", True, ["import", f"@{draw(paths)}@", "--data-dir", f"@{draw(paths)}@",
                                                 "--out", f"@{draw(paths)}@"]
+    if kind == "ctranslate2":
+        return "seqmix.interop.ctranslate2", True, ["export", f"@{draw(checkpoints)}@", "--out",
+                                                    f"@{draw(st.one_of(st.just('new'), paths))}@/ct2",
+                                                    *draw(st.sampled_from([[], ["--quantization", "int8"]]))]
     return "seqmix.interop.fairseq", True, ["export", f"@{draw(checkpoints)}@", "--out",
                                             f"@{draw(st.one_of(st.just('new'), paths))}@/out"]
 

@@ -28,6 +28,7 @@ from seqmix.generation.decode import TextHypothesis
 from seqmix.generation.options import DECODING_OPTIONS, DecodeRequest, SamplingOptions
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
+from seqmix.models.quantized import check_quantize, quantize_int8, quantized_linears
 from seqmix.tasks import SummarizationTask, TranslationTask
 from seqmix.training.run_record import RECORD, record_evaluation
 
@@ -218,6 +219,11 @@ def generate(cfg: DictConfig) -> float | None:
         raise SeqmixError("distill_dir= writes a split of the task's data: use split=train, not input=")
     device = decoding_device(cfg.device)
     task.to(device)
+    parameters = count_parameters(task.model)  # before int8 packs the Linear weights out of .parameters()
+    if check_quantize(cfg.get("quantize"), device):
+        task.model = quantize_int8(task.model)
+        print(f"quantize=int8: {quantized_linears(task.model)} Linear layers in int8 (dynamic), embeddings and output "
+              "projection float32", file=sys.stderr if cfg.input == "-" else sys.stdout, flush=True)
     task.compile_decoding = check_decoding_setting(cfg.get("compile_decoding", False))
     set_paper_bleu(task, cfg.get("paper_bleu"))
     set_extra_metrics(task, cfg.get("metrics"))
@@ -235,7 +241,7 @@ def generate(cfg: DictConfig) -> float | None:
     start = time.perf_counter()
     outputs, report = task.decode_outputs(sources, refs, int(cfg.max_tokens), request=request, **overrides)
     elapsed = time.perf_counter() - start
-    print(f"model: {train_cfg.model.name} ({count_parameters(task.model):,} parameters), task {train_cfg.task.name}")
+    print(f"model: {train_cfg.model.name} ({parameters:,} parameters), task {train_cfg.task.name}")
     print(f"processed {len(sources)} inputs in {elapsed:.1f}s ({len(sources) / max(elapsed, 1e-9):.1f}/s)")
     if outputs is not None:
         out_path = Path(cfg.output)

@@ -24,6 +24,7 @@ from seqmix.errors import SeqmixError
 from seqmix.metrics.bleu import PAPER_BLEU_KINDS
 from seqmix.metrics.chrf_ter import METRICS
 from seqmix.models.blocks import ACTIVATIONS
+from seqmix.models.quantized import QUANTIZE_CHOICES
 
 
 class Rule:
@@ -180,7 +181,7 @@ MODEL = {
     "model.*.layers": AnyOf((COUNT, ListOf(ListOf(COUNT), min_length=1))), "model.*.heads": COUNT, "model.*heads": maybe(COUNT),
     "model.*.ffn_dim": COUNT, "model.max_*_positions": COUNT, "model.positions": Choice(("sinusoidal", "learned")),
     "model.decoder_start": Choice(("bos", "eos")), "*kernel_backend": Choice(("auto", "triton", "torch")),
-    "model.*.normalize_before": FLAG, "model.share_*": FLAG, "model.scale_embedding": FLAG,
+    "model.*.normalize_before": FLAG, "model.*.final_norm": FLAG, "model.share_*": FLAG, "model.scale_embedding": FLAG,
     "model.*.activation": Choice(tuple(ACTIVATIONS)), "model.*.pattern": TEXT, "model.*.out_embed_dim": COUNT,
     "model.decoder.attention": AnyOf((FLAG, ListOf(FLAG, min_length=1))),
     **MIXER,
@@ -220,6 +221,7 @@ TASK = {
     "task.bleu.pretokenized": FLAG, "task.bleu.lang": maybe(TEXT),
     "task.adaptive.factor": Number(1), "task.adaptive.softmax_dropout": PROBABILITY,
     "task.adaptive.cutoffs": ListOf(COUNT), "task.adaptive.input": FLAG, "task.adaptive.softmax": FLAG,
+    "task.adaptive.project_all_bands": FLAG, "task.adaptive.tie_projections": FLAG,
 }
 CALLBACKS = {
     "callbacks.*.dirpath": TEXT, "callbacks.*.filename": TEXT, "callbacks.*.monitor": maybe(TEXT),
@@ -275,7 +277,7 @@ GENERATE = {
     "split": TEXT, "device": TEXT, "output": TEXT, "input": maybe(TEXT),
     "ckpt_path": AnyOf((TEXT, ListOf(TEXT, min_length=1))), "score_reference": FLAG,
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
-    "metrics": maybe(ListOf(Choice(METRICS))),
+    "metrics": maybe(ListOf(Choice(METRICS))), "quantize": maybe(Choice(QUANTIZE_CHOICES)),
     "nbest": COUNT, "sampling": FLAG, "top_k": maybe(COUNT0), "top_p": maybe(Number(0, 1, open_low=True)),
     "temperature": maybe(Number(0, open_low=True)), "seed": maybe(SEED), "prefix_size": COUNT0,
     "output_format": Choice(("text", "jsonl", "fairseq")),

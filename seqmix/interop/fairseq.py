@@ -9,7 +9,13 @@ dictionaries. Anything that does not map is refused with one message and nothing
 
 export: a seqmix checkpoint of a transformer, lightconv/dynamicconv or ConvS2S model becomes ``checkpoint.pt``
 (an ``args``-style container with the registered architecture and every setting explicit) with
-``dict.<src>.txt``/``dict.<tgt>.txt`` and ``seqmix_tokenizer.json`` (the exact tokenizer, used again on re-import).
+``dict.<src>.txt``/``dict.<tgt>.txt`` and ``seqmix_tokenizer.json`` (the exact tokenizer, used again on re-import);
+a language model becomes a ``transformer_lm`` / ``lightconv_lm`` / ``talkconv_lm`` ``checkpoint.pt`` with ``dict.txt``.
+
+A language model (``transformer_lm*``, ``lightconv_lm*``, the official TaLK code's ``talkconv_lm*``) imports with the
+``dict.txt`` beside it (``--data-dir``; ``--no-moses`` for text already tokenized, as WikiText) into a
+language-modeling checkpoint;
+in Python, ``language_model_from_fairseq(read_fairseq(path))`` gives the DecoderOnly and its configs.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from seqmix.files import atomic_write, atomic_write_text
 from seqmix.interop.fairseq_archs import complete_settings, family_of
 from seqmix.interop.fairseq_models import (
     FAMILIES,
+    LANGUAGE_MODELS,
+    PADDING_IDX,
     Family,
     family_for_seqmix,
     to_fairseq_state,
@@ -151,6 +159,8 @@ def read_fairseq(path: str | Path) -> FairseqCheckpoint:
     if not arch:
         raise SeqmixError(f"{path}: its settings name no architecture (no 'arch' or '_name')")
     family = FAMILIES[family_of(arch)]
+    if family.name in LANGUAGE_MODELS and settings.get("max_target_positions") is None:  # fairseq's build_model
+        settings["max_target_positions"] = task.get("max_target_positions") or task.get("tokens_per_sample") or 1024
     return FairseqCheckpoint(arch, family, complete_settings(arch, settings), ckpt["model"],
                              task.get("source_lang"), task.get("target_lang"), _generation(generation))
 
@@ -165,25 +175,43 @@ def run_config(model: dict, source_lang: str, target_lang: str, data_dir: str, v
     """A training config as a seqmix checkpoint stores it: the model, a translation task whose data source reads
     ``<data_dir>/{split}.{lang}`` (for ``generate.py split=...``), the checkpoint's decoding settings (else
     fairseq-generate's defaults), and the default optimizer/schedule (for fine-tuning with ``init_from=``)."""
-    return {
-        "seed": 1, "label_smoothing": 0.1, "fused_loss": True, "compile": False, "nonfinite": "raise",
-        "nonfinite_skip_limit": 10, "optim": _conf("optim/adam"), "scheduler": _conf("scheduler/inverse_sqrt"),
-        "model": model,
-        "task": {
-            "name": f"fairseq_{source_lang}_{target_lang}", "src_lang": source_lang, "tgt_lang": target_lang,
-            "vocab_size": vocab_size,
-            "module": {"_target_": "seqmix.tasks.TranslationTask", "_partial_": True},
-            "data": {"_target_": "seqmix.data.TranslationDataModule",
-                     "source": {"_target_": "seqmix.data.LocalParallelSource", "path": str(data_dir),
-                                "src_lang": source_lang, "tgt_lang": target_lang, "pattern": "{split}.{lang}"},
-                     "src_lang": source_lang, "tgt_lang": target_lang,
-                     "splits": {"train": "train", "valid": "valid", "test": "test"}, "max_tokens": 4096,
-                     "max_source_positions": model["max_source_positions"],
-                     "max_target_positions": model["max_target_positions"]},
-            "generation": dict(generation or FAIRSEQ_GENERATION),
-            "bleu": {"tokenize": "13a", "lowercase": False},
-        },
-    }
+    return _with_training_defaults(model, {
+        "name": f"fairseq_{source_lang}_{target_lang}", "src_lang": source_lang, "tgt_lang": target_lang,
+        "vocab_size": vocab_size,
+        "module": {"_target_": "seqmix.tasks.TranslationTask", "_partial_": True},
+        "data": {"_target_": "seqmix.data.TranslationDataModule",
+                 "source": {"_target_": "seqmix.data.LocalParallelSource", "path": str(data_dir),
+                            "src_lang": source_lang, "tgt_lang": target_lang, "pattern": "{split}.{lang}"},
+                 "src_lang": source_lang, "tgt_lang": target_lang,
+                 "splits": {"train": "train", "valid": "valid", "test": "test"}, "max_tokens": 4096,
+                 "max_source_positions": model["max_source_positions"],
+                 "max_target_positions": model["max_target_positions"]},
+        "generation": dict(generation or FAIRSEQ_GENERATION),
+        "bleu": {"tokenize": "13a", "lowercase": False},
+    })
+
+
+def _with_training_defaults(model: dict, task: dict) -> dict:
+    """A run config around ``model`` and ``task``: the default optimizer/schedule (for fine-tuning with
+    ``init_from=``) and training settings."""
+    return {"seed": 1, "label_smoothing": 0.1, "fused_loss": True, "compile": False, "nonfinite": "raise",
+            "nonfinite_skip_limit": 10, "optim": _conf("optim/adam"), "scheduler": _conf("scheduler/inverse_sqrt"),
+            "model": model, "task": task}
+
+
+def language_model_run_config(model: dict, adaptive: dict, data_dir: str, vocab_size: int) -> dict:
+    """A language-modeling run config as a seqmix checkpoint stores it: the model, ``task.adaptive``, blocks of the
+    model's positions (fairseq's tokens_per_sample), a data source reading ``<data_dir>/{split}.txt``."""
+    positions = int(model["max_target_positions"])
+    return _with_training_defaults(model, {
+        "name": "fairseq_lm", "vocab_size": vocab_size,
+        "module": {"_target_": "seqmix.tasks.LanguageModelingTask", "_partial_": True},
+        "monitor": {"metric": "val/ppl", "mode": "min"}, "adaptive": adaptive,
+        "data": {"_target_": "seqmix.data.LanguageModelingDataModule",
+                 "source": {"_target_": "seqmix.data.LocalTextSource", "path": str(data_dir), "pattern": "{split}.txt"},
+                 "splits": {"train": "train", "valid": "valid", "test": "test"}, "tokens_per_sample": positions,
+                 "break_mode": "none", "eval_context": 0, "max_tokens": 4096, "max_positions": positions},
+    })
 
 
 def save_seqmix_checkpoint(path: str | Path, task, extra: dict | None = None) -> None:
@@ -257,6 +285,8 @@ def import_checkpoint(checkpoint: str | Path, data_dir: str | Path, out: str | P
                       target_lang: str | None = None, bpe_codes: str | None = None, moses: bool = True):
     """fairseq ``checkpoint`` → seqmix checkpoint ``out``; returns the task."""
     fs = read_fairseq(checkpoint)
+    if fs.family.name in LANGUAGE_MODELS:
+        return import_language_model(fs, checkpoint, Path(data_dir), out, bpe_codes, moses)
     source_lang, target_lang = source_lang or fs.source_lang, target_lang or fs.target_lang
     if not source_lang or not target_lang:
         raise SeqmixError("the checkpoint does not say its languages: pass --source-lang and --target-lang")
@@ -265,6 +295,98 @@ def import_checkpoint(checkpoint: str | Path, data_dir: str | Path, out: str | P
     task = build_imported_task(fs, tokenizer, data_dir, source_lang, target_lang)
     save_seqmix_checkpoint(out, task, {"fairseq": {"arch": fs.arch, "source": str(checkpoint)}})
     return task
+
+
+# --- language models (library level) -------------------------------------------------------------------------------
+def _language_model_vocab(state: dict) -> int:
+    """The vocabulary size of a fairseq language model's state: its input table's rows (all bands)."""
+    bands = [v for k, v in state.items() if k.startswith("decoder.embed_tokens.embeddings.") and k.endswith(".0.weight")]
+    table = state.get("decoder.embed_tokens.weight")
+    if table is None and not bands:
+        raise SeqmixError("the fairseq language model has no decoder.embed_tokens: it is not a transformer_lm or "
+                          "lightconv_lm state dict")
+    return int(table.shape[0]) if table is not None else sum(int(b.shape[0]) for b in bands)
+
+
+def language_model_config(model: dict, adaptive: dict) -> DictConfig:
+    """The part of a run config ``seqmix.config.build.build_model`` reads for a language model."""
+    return OmegaConf.create({"model": model, "task": {"module": {"_target_": "seqmix.tasks.LanguageModelingTask",
+                                                                 "_partial_": True}, "adaptive": adaptive}})
+
+
+def language_model_from_fairseq(fs: FairseqCheckpoint):
+    """A fairseq ``transformer_lm*`` / ``lightconv_lm*`` checkpoint (``read_fairseq``) as seqmix's DecoderOnly in eval
+    mode, with the ``model`` and ``task.adaptive`` configs it was built from: ``(model, model_config, adaptive)``."""
+    from seqmix.config.build import build_model
+
+    if fs.family.name not in LANGUAGE_MODELS:
+        raise SeqmixError(f"fairseq architecture {fs.arch} is a translation model: use import_checkpoint")
+    vocab = _language_model_vocab(fs.state)
+    settings = fs.family.settled(fs.settings, vocab)
+    model_cfg, adaptive = fs.family.seqmix_config(fs.arch, settings), fs.family.adaptive_config(settings)
+    model = build_model(language_model_config(model_cfg, adaptive), vocab, PADDING_IDX)
+    model.load_state_dict(to_seqmix_state(fs.family, settings, fs.state, model.state_dict()), strict=True)
+    return model.eval(), model_cfg, adaptive
+
+
+def import_language_model(fs: FairseqCheckpoint, checkpoint, data_dir: Path, out, bpe_codes: str | None = None,
+                          moses: bool = True):
+    """A fairseq language model → seqmix checkpoint ``out`` (a language-modeling task: ``generate.py`` reports
+    perplexity): its tokenizer from ``seqmix_tokenizer.json`` or ``dict.txt`` (+ BPE codes, Moses when asked: a
+    word-level model's text is split on spaces only)."""
+    from seqmix.config.build import build_task
+    from seqmix.data import Tokenizer
+
+    model, model_cfg, adaptive = language_model_from_fairseq(fs)
+    saved = data_dir / TOKENIZER_FILE
+    if bpe_codes is None and saved.is_file():
+        tokenizer = Tokenizer.from_json(saved.read_text(encoding="utf-8"))
+    else:
+        from seqmix.data.fairseq_dictionary import FairseqDictionary
+        from seqmix.data.moses_subword import MosesSubwordTokenizer
+
+        path = data_dir / "dict.txt"
+        if not path.is_file():
+            raise SeqmixError(f"{path} does not exist: --data-dir must hold the dict.txt the language model was "
+                              "trained with")
+        dictionary = FairseqDictionary.load(path)
+        codes = None if bpe_codes is None else Path(bpe_codes).read_text(encoding="utf-8")
+        tokenizer = MosesSubwordTokenizer(dictionary, dictionary, "txt", "txt", bpe_codes=codes, moses=moses)
+    rows = model.decoder.embed_tokens.num_embeddings
+    if tokenizer.vocab_size != rows:
+        raise SeqmixError(f"the dictionary has {tokenizer.vocab_size} symbols but the language model's embeddings "
+                          f"have {rows} rows: use the dict.txt it was trained with")
+    cfg = language_model_run_config(model_cfg, adaptive, str(data_dir), tokenizer.vocab_size)
+    task = build_task(OmegaConf.create(cfg), tokenizer, model=model)
+    task.eval()
+    save_seqmix_checkpoint(out, task, {"fairseq": {"arch": fs.arch, "source": str(checkpoint)}})
+    return task
+
+
+def _identity_projections(family: Family, settings: dict, state: dict, embed_dim: int) -> dict:
+    """Band projections fairseq has and the seqmix model leaves out (a band as wide as the model, band 0 unless
+    ``task.adaptive.project_all_bands``): identity matrices, the same outputs."""
+    state = dict(state)
+    for rule in family.rules(settings):
+        if rule.seqmix not in state and rule.seqmix.endswith("proj.weight"):
+            state[rule.seqmix] = torch.eye(embed_dim)
+    return state
+
+
+def language_model_to_fairseq(model: dict, adaptive: dict | None, state: dict) -> dict:
+    """A seqmix language model (its ``model`` config, ``task.adaptive`` and DecoderOnly state dict) as a fairseq
+    ``transformer_lm`` / ``lightconv_lm`` checkpoint container (``args`` style, every setting explicit)."""
+    mixer = (model.get("decoder") or {}).get("mixer") or {}
+    family = FAMILIES[{"seqmix.mixers.SelfAttention": "transformer_lm",
+                       "seqmix.mixers.TaLK": "talkconv_lm"}.get(mixer.get("_target_"), "lightconv_lm")]
+    arch, settings = family.fairseq_settings(model, adaptive)
+    fairseq_state = to_fairseq_state(family, settings, _identity_projections(family, settings, state,
+                                                                            int(model["embed_dim"])))
+    args = Namespace(arch=arch, task="language_modeling", data=".", sample_break_mode="none",
+                     criterion="adaptive_loss" if settings["adaptive_softmax_cutoff"] else "cross_entropy",
+                     optimizer="nag", lr_scheduler="cosine", lr=[1.0], dataset_impl=None, add_bos_token=False,
+                     **settings)
+    return {**fairseq_container(arch, settings, fairseq_state, "", ""), "args": args}
 
 
 # --- export ---------------------------------------------------------------------------------------------------------
@@ -333,6 +455,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     ckpt = load_checkpoint(checkpoint)
     config = ckpt["seqmix"]["config"]
     model = config.get("model") or {}
+    if _is_language_model(config):
+        return _export_language_model(ckpt, config, Path(out_dir))
     family = family_for_seqmix(model)
     if model.get("decoder_start") != "eos":
         raise SeqmixError("cannot export to fairseq: this model was trained with bos as the decoder's first input, "
@@ -360,13 +484,44 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     return out_dir / "checkpoint.pt"
 
 
+def _is_language_model(config: dict) -> bool:
+    from seqmix.config.build import task_class
+    from seqmix.tasks import LanguageModelingTask
+
+    try:
+        return issubclass(task_class(OmegaConf.create({"task": config.get("task") or {}})), LanguageModelingTask)
+    except Exception:  # noqa: BLE001 - no task or an unknown class: not a language model; the family lookup reports it
+        return False
+
+
+def _export_language_model(ckpt: dict, config: dict, out_dir: Path) -> Path:
+    """A seqmix language model → ``out_dir``/checkpoint.pt (transformer_lm / lightconv_lm / talkconv_lm) + dict.txt
+    (the one dictionary fairseq's language_modeling task reads) + seqmix_tokenizer.json."""
+    from seqmix.data import Tokenizer
+
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    container = language_model_to_fairseq(config["model"], (config.get("task") or {}).get("adaptive"), weights)
+    dictionary = fairseq_dictionaries(Tokenizer.from_json(ckpt["seqmix"]["tokenizer"]))[1]
+
+    def write(f) -> None:
+        buffer = io.BytesIO()
+        torch.save(container, buffer)
+        f.write(buffer.getvalue())
+
+    atomic_write(out_dir / "checkpoint.pt", write)
+    dictionary.save(out_dir / "dict.txt")
+    atomic_write_text(out_dir / TOKENIZER_FILE, ckpt["seqmix"]["tokenizer"])
+    return out_dir / "checkpoint.pt"
+
+
 # --- command line ---------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="python -m seqmix.interop.fairseq", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     imp = commands.add_parser("import", help="fairseq checkpoint.pt -> seqmix checkpoint")
     imp.add_argument("checkpoint")
-    imp.add_argument("--data-dir", required=True, help="folder with dict.<src>.txt and dict.<tgt>.txt")
+    imp.add_argument("--data-dir", required=True,
+                     help="folder with dict.<src>.txt and dict.<tgt>.txt (a language model: dict.txt)")
     imp.add_argument("--source-lang")
     imp.add_argument("--target-lang")
     imp.add_argument("--bpe-codes", help="subword-nmt/fastBPE codes the model's data was split with")

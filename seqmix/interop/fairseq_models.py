@@ -1,10 +1,13 @@
-"""The three fairseq model families seqmix maps (transformer, lightconv, fconv): their settings as a seqmix model
-config and back, and ONE table per family naming every tensor on both sides with its reshape. Import and export
-walk the same table in opposite directions, so a name or a layout fixed once is fixed both ways.
+"""The fairseq model families seqmix maps: translation (transformer, lightconv, fconv, and the official TaLK code's
+talkconv) and language models (transformer_lm, lightconv_lm, talkconv_lm, whose layers are their translation
+family's decoder layers without cross-attention): their settings as a seqmix model config and back, and ONE table per
+family naming every tensor on both sides with its reshape. Import and export walk the same table in opposite
+directions, so a name or a layout fixed once is fixed both ways.
 
 fairseq state dicts come in several generations; ``upgrade`` rewrites older names into the newest layout the table
 speaks (packed ``in_proj_weight`` split into q/k/v, transformer ``layer_norms.N`` renamed, a lightweight conv's
-(H, K) CUDA-layer weight unsqueezed to (H, 1, K), ``embed_out`` of a transformer renamed ``output_projection``), and
+(H, K) CUDA-layer weight unsqueezed to (H, 1, K), ``embed_out`` of a transformer renamed ``output_projection``, a
+lightconv saved by fairseq main (``layer_norm1/2``, ``output_projection``) renamed as v0.12.2 saves it), and
 drops what carries no weights (``version`` and sinusoidal ``_float_tensor`` buffers, stale sinusoidal tables, the
 encoder layers' fast-path copies of fairseq 0.12).
 ``buffers`` gives back what fairseq expects to find (exact values) when exporting.
@@ -46,6 +49,10 @@ def _swap_kernel_and_out(t: Tensor) -> Tensor:
 
 
 SAME = Reshape("as is", _same, _same)
+# fairseq's own (untied) adaptive-softmax tail projection is an nn.Linear(d, band width): (band width, d); seqmix keeps
+# every band projection as the adaptive input's, (d, band width), used transposed on the softmax side
+TRANSPOSE = Reshape("nn.Linear(d, w) (w, d) <-> seqmix band projection (d, w)", lambda t: t.t().contiguous(),
+                    lambda t: t.t().contiguous())
 # ConvTBC stores (kernel, in, out); a Conv1d (out, in, kernel): the same taps, W1d[o, i, k] = Wtbc[k, i, o]
 CONV_TBC = Reshape("ConvTBC (kernel, in, out) <-> Conv1d (out, in, kernel)", _swap_kernel_and_out, _swap_kernel_and_out)
 # weight norm of a ConvTBC over dims (kernel, in) keeps one gain per output: (1, 1, out) <-> the Conv1d's (out, 1, 1)
@@ -167,6 +174,11 @@ class Family:
     def buffers(self, s: dict) -> dict[str, Tensor]:
         return {}
 
+    def finish(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
+        """The exported state in fairseq's layout where one fairseq tensor holds several seqmix ones (``upgrade``
+        split it on import)."""
+        return state
+
 
 def _split_in_proj(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """fairseq ≤0.8 packs q, k, v into ``in_proj_weight`` (3C, C) / ``in_proj_bias`` (3C,), in that order."""
@@ -233,6 +245,9 @@ class _EncoderDecoderFamily(Family):
     def _common_settings(self, model: dict) -> dict:
         enc, dec = model["encoder"], model["decoder"]
         share_all = bool(model.get("share_all_embeddings"))
+        if share_all and not model.get("share_decoder_input_output_embed", True):
+            _unsupported("share_all_embeddings with an untied output projection (fairseq's share_all_embeddings ties "
+                         "the output too)")
         learned = model.get("positions", "sinusoidal") == "learned"
         return {
             "encoder_embed_dim": model["embed_dim"], "decoder_embed_dim": model["embed_dim"],
@@ -276,7 +291,7 @@ class _EncoderDecoderFamily(Family):
             rules += _rules([("embed_positions.weight", "embed_positions.weights.weight")], "encoder.", "encoder.")
             rules += _rules([("embed_positions.weight", "embed_positions.weights.weight")], "decoder.", "decoder.")
         for side in ("encoder", "decoder"):
-            if s[f"{side}_normalize_before"]:
+            if s[f"{side}_normalize_before"] and not (side == "decoder" and s.get("no_decoder_final_norm")):
                 rules += _rules(_norm("layer_norm", "layer_norm"), f"{side}.", f"{side}.")
         return rules
 
@@ -304,8 +319,6 @@ class TransformerFamily(_EncoderDecoderFamily):
                "no_cross_attention / cross_self_attention")
         _check(s["activation_fn"] in self.ACTIVATIONS,
                f"activation_fn {s['activation_fn']!r} (seqmix has relu, gelu (exact), swish)")
-        _check(not (s["decoder_normalize_before"] and s.get("no_decoder_final_norm")),
-               "no_decoder_final_norm on a pre-norm decoder (seqmix's pre-norm stacks end in a LayerNorm)")
         return super().seqmix_config(arch, s)
 
     def _side(self, side: str, s: dict) -> dict:
@@ -317,17 +330,16 @@ class TransformerFamily(_EncoderDecoderFamily):
                          "attention_dropout": float(s["attention_dropout"])}}
         if side == "decoder":
             out.update(attention_dropout=float(s["attention_dropout"]), cross_attention_heads=out["heads"])
+            if s.get("no_decoder_final_norm") and out["normalize_before"]:
+                out["final_norm"] = False
         return out
 
     def fairseq_settings(self, model: dict) -> tuple[str, dict]:
         self._check_heads(model)
         for side in ("encoder", "decoder"):
-            mixer = _mixer_of(model[side])
-            if mixer.get("_target_") != "seqmix.mixers.SelfAttention":
-                _unsupported(f"{side} mixer {mixer.get('_target_')} in a transformer (fairseq's transformer is "
-                             "self-attention on both sides)")
-            if not mixer.get("bias", True):
-                _unsupported(f"{side} self-attention without biases")
+            self.check_side(side, model[side])
+        if not model["encoder"].get("final_norm", True) and model["encoder"].get("normalize_before"):
+            _unsupported("a pre-norm encoder without its final LayerNorm (fairseq's transformer always has it)")
         enc, dec = model["encoder"], model["decoder"]
         activation = enc.get("activation", "relu")
         if dec.get("activation", "relu") != activation:
@@ -343,7 +355,8 @@ class TransformerFamily(_EncoderDecoderFamily):
                                                        "decoder": dec.get("activation_dropout", 0.0)},
                                                       "activation_dropout")),
             relu_dropout=0.0, layernorm_embedding=False, no_cross_attention=False, cross_self_attention=False,
-            no_decoder_final_norm=False, tie_adaptive_weights=False, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+            no_decoder_final_norm=not dec.get("final_norm", True), tie_adaptive_weights=False,
+            encoder_layerdrop=0.0, decoder_layerdrop=0.0,
             encoder_layers_to_keep=None, decoder_layers_to_keep=None, quant_noise_pq=0.0,
             quant_noise_pq_block_size=8, quant_noise_scalar=0.0, checkpoint_activations=False,
             offload_activations=False,
@@ -351,19 +364,31 @@ class TransformerFamily(_EncoderDecoderFamily):
         )
         return "transformer", s
 
+    @staticmethod
+    def check_side(side: str, model_side: dict) -> None:
+        mixer = _mixer_of(model_side)
+        if mixer.get("_target_") != "seqmix.mixers.SelfAttention":
+            _unsupported(f"{side} mixer {mixer.get('_target_')} in a transformer (fairseq's transformer is "
+                         "self-attention on both sides)")
+        if not mixer.get("bias", True):
+            _unsupported(f"{side} self-attention without biases")
+
     def rules(self, s: dict) -> list[Rule]:
         rules = self._embedding_rules(s)
         for side in ("encoder", "decoder"):
             for i in range(int(s[f"{side}_layers"])):
-                f, q = f"{side}.layers.{i}.", f"{side}.layers.{i}."
-                pairs = _attention("self_attn", "mixer.attn") + _norm("self_attn_layer_norm", "mixer_residual.norm")
-                if side == "decoder":
-                    pairs += _attention("encoder_attn", "cross_attn")
-                    pairs += _norm("encoder_attn_layer_norm", "cross_residual.norm")
-                pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
-                pairs += _norm("final_layer_norm", "ffn_residual.norm")
-                rules += _rules(pairs, f, q)
+                rules += _rules(self.layer_pairs(side, s, cross=side == "decoder"), f"{side}.layers.{i}.",
+                                f"{side}.layers.{i}.")
         return rules
+
+    @staticmethod
+    def layer_pairs(side: str, s: dict, cross: bool) -> list[tuple[str, str]]:
+        """(fairseq, seqmix) names inside one transformer layer (a language model's: decoder, no cross)."""
+        pairs = _attention("self_attn", "mixer.attn") + _norm("self_attn_layer_norm", "mixer_residual.norm")
+        if cross:
+            pairs += _attention("encoder_attn", "cross_attn") + _norm("encoder_attn_layer_norm", "cross_residual.norm")
+        pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
+        return pairs + _norm("final_layer_norm", "ffn_residual.norm")
 
     def upgrade(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
         state = self._sinusoidal_leftovers(_drop_buffers(_split_in_proj(_drop_fast_path_copies(state))), s)
@@ -417,22 +442,10 @@ class LightConvFamily(_EncoderDecoderFamily):
         s = self._common_settings(model)
         mixers = {}
         for side in ("encoder", "decoder"):
-            mixer = _mixer_of(model[side])
-            kinds = {v: k for k, v in self.MIXERS.items()}
-            if mixer.get("_target_") not in kinds:
-                _unsupported(f"{side} mixer {mixer.get('_target_')} (fairseq's lightconv has LightConv and "
-                             "DynamicConv layers only)")
-            if model[side].get("activation", "relu") != "relu":
-                _unsupported(f"{side} FFN activation {model[side]['activation']} (fairseq's lightconv FFN is relu)")
-            if mixer.get("bias", False):
-                _unsupported(f"{side} conv with a bias (fairseq's lightconv layers have none)")
-            layers = int(model[side]["layers"])
-            kernel = mixer.get("kernel_size")
-            sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
-            mixers[side] = mixer
-            s.update({f"{side}_conv_type": kinds[mixer["_target_"]], f"{side}_kernel_size_list": sizes,
-                      f"{side}_glu": bool(mixer.get("glu", True)),
-                      f"{side}_conv_dim": int(mixer.get("conv_dim") or model["embed_dim"])})
+            if model[side].get("normalize_before") and not model[side].get("final_norm", True):
+                _unsupported(f"a pre-norm {side} without its final LayerNorm (fairseq's lightconv always has it)")
+            mixers[side] = _mixer_of(model[side])
+            s.update(self.side_settings(side, model[side], model["embed_dim"]))
         s.update(
             weight_softmax=bool(_same_everywhere({k: m.get("weight_softmax", True) for k, m in mixers.items()},
                                                  "weight_softmax")),
@@ -448,36 +461,99 @@ class LightConvFamily(_EncoderDecoderFamily):
             _unsupported("weight_softmax differs between encoder and decoder (fairseq has one setting)")
         return "lightconv", s
 
+    @classmethod
+    def side_settings(cls, side: str, model_side: dict, embed_dim: int) -> dict:
+        """fairseq's ``<side>_conv_type/kernel_size_list/glu/conv_dim`` of one seqmix stack's conv mixer."""
+        mixer = _mixer_of(model_side)
+        kinds = {v: k for k, v in cls.MIXERS.items()}
+        if mixer.get("_target_") not in kinds:
+            _unsupported(f"{side} mixer {mixer.get('_target_')} (fairseq's lightconv has LightConv and "
+                         "DynamicConv layers only)")
+        if model_side.get("activation", "relu") != "relu":
+            _unsupported(f"{side} FFN activation {model_side['activation']} (fairseq's lightconv FFN is relu)")
+        if mixer.get("bias", False):
+            _unsupported(f"{side} conv with a bias (fairseq's lightconv layers have none)")
+        layers = int(model_side["layers"])
+        kernel = mixer.get("kernel_size")
+        sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
+        return {f"{side}_conv_type": kinds[mixer["_target_"]], f"{side}_kernel_size_list": sizes,
+                f"{side}_glu": bool(mixer.get("glu", True)), f"{side}_conv_dim": int(mixer.get("conv_dim") or embed_dim)}
+
     def rules(self, s: dict) -> list[Rule]:
         rules = self._embedding_rules(s)
         for side in ("encoder", "decoder"):
-            conv = ("conv.weight",) if s[f"{side}_conv_type"] == "lightweight" else ("conv.weight_linear.weight",)
-            norms = ([("layer_norms.0", "mixer_residual.norm"), ("layer_norms.1", "ffn_residual.norm")]
-                     if side == "encoder" else
-                     [("conv_layer_norm", "mixer_residual.norm"), ("encoder_attn_layer_norm", "cross_residual.norm"),
-                      ("final_layer_norm", "ffn_residual.norm")])
             for i in range(int(s[f"{side}_layers"])):
-                pairs = _linear("linear1", "mixer.linear1") + [(c, f"mixer.{c}") for c in conv]
-                pairs += _linear("linear2", "mixer.linear2")
-                if side == "decoder":
-                    pairs += _attention("encoder_attn", "cross_attn")
-                pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
-                pairs += [pair for f, q in norms for pair in _norm(f, q)]
-                rules += _rules(pairs, f"{side}.layers.{i}.", f"{side}.layers.{i}.")
+                rules += _rules(self.layer_pairs(side, s, cross=side == "decoder"), f"{side}.layers.{i}.",
+                                f"{side}.layers.{i}.")
         return rules
+
+    @staticmethod
+    def layer_pairs(side: str, s: dict, cross: bool) -> list[tuple[str, str]]:
+        """(fairseq, seqmix) names inside one lightconv layer (a language model's: decoder, no cross)."""
+        conv = ("conv.weight",) if s[f"{side}_conv_type"] == "lightweight" else ("conv.weight_linear.weight",)
+        norms = [("layer_norms.0", "mixer_residual.norm"), ("layer_norms.1", "ffn_residual.norm")] \
+            if side == "encoder" else [("conv_layer_norm", "mixer_residual.norm"), ("final_layer_norm",
+                                                                                  "ffn_residual.norm")]
+        if cross:
+            norms.append(("encoder_attn_layer_norm", "cross_residual.norm"))
+        pairs = _linear("linear1", "mixer.linear1") + [(c, f"mixer.{c}") for c in conv]
+        pairs += _linear("linear2", "mixer.linear2")
+        if cross:
+            pairs += _attention("encoder_attn", "cross_attn")
+        pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
+        return pairs + [pair for f, q in norms for pair in _norm(f, q)]
 
     def upgrade(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
         state = self._sinusoidal_leftovers(_drop_buffers(_split_in_proj(state)), s)
-        out = {}
-        for key, value in state.items():
-            if key.endswith(".conv.weight") and value.dim() == 2:  # the CUDA layer's (H, K)
-                value = value.unsqueeze(1)
-            out[key] = value
-        if "decoder.output_projection.weight" in out and self.output_name not in out:
-            out[self.output_name] = out.pop("decoder.output_projection.weight")
-        elif bool(s["share_all_embeddings"] or s["share_decoder_input_output_embed"]):
-            out.pop("decoder.output_projection.weight", None)
-        return out
+        state = lightconv_main_names(state, tied=bool(s["share_all_embeddings"]
+                                                      or s["share_decoder_input_output_embed"]))
+        return {k: (v.unsqueeze(1) if k.endswith(".conv.weight") and v.dim() == 2 else v)  # the CUDA layer's (H, K)
+                for k, v in state.items()}
+
+
+# fairseq main's "make lightconv scriptable" (after v0.12.2) renamed the encoder layers' norms and saves the output
+# as an nn.Linear; its scripted DynamicConv always holds a (1, 1, C) ``conv_bias`` that lightconv never adds (its
+# layers build DynamicConv without conv_bias, so the tensor is uninitialised memory)
+_MAIN_NORMS = {"layer_norm1": "layer_norms.0", "layer_norm2": "layer_norms.1"}
+
+
+def lightconv_main_names(state: dict[str, Tensor], tied: bool, output: str = "decoder.embed_out",
+                         embed: str = "decoder.embed_tokens.weight") -> dict[str, Tensor]:
+    """A lightconv state dict in fairseq main's names rewritten in v0.12.2's (what the tables speak); one naming
+    scheme per checkpoint: a mix is refused. ``output``/``embed``: the table's output and tied input names."""
+    def norm(key: str) -> tuple[str, str | None]:
+        parts = key.split(".")
+        if parts[:2] != ["encoder", "layers"] or len(parts) < 5:
+            return "", None
+        if len(parts) == 5 and parts[3] in _MAIN_NORMS:
+            return "main", ".".join([*parts[:3], _MAIN_NORMS[parts[3]], parts[4]])
+        return ("0.12" if parts[3] == "layer_norms" else ""), None
+
+    schemes = {norm(k)[0] for k in state} - {""}
+    if output in state:
+        schemes.add("0.12")
+    if "decoder.output_projection.weight" in state:
+        schemes.add("main")
+    if len(schemes) > 1:
+        raise SeqmixError("the lightconv checkpoint mixes fairseq v0.12 names (layer_norms.N, embed_out) with fairseq "
+                          "main's (layer_norm1/2, output_projection): re-save it from one fairseq version")
+    out = {}
+    for key, value in state.items():
+        renamed = norm(key)[1]
+        if renamed is not None:
+            key = renamed
+        elif key.endswith(".conv.conv_bias"):
+            continue
+        elif key == "decoder.output_projection.weight":
+            if tied:
+                if embed in state and not torch.equal(value, state[embed]):
+                    raise SeqmixError("the lightconv checkpoint shares its decoder's input and output embeddings but "
+                                      "decoder.output_projection.weight differs from its embed_tokens: it is damaged "
+                                      "or its settings are not the ones it was trained with")
+                continue
+            key = output
+        out[key] = value
+    return out
 
 
 class FConvFamily(Family):
@@ -608,7 +684,387 @@ class FConvFamily(Family):
         return {"decoder.version": torch.tensor([2.0])}
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (TransformerFamily(), LightConvFamily(), FConvFamily())}
+# --- language models ---------------------------------------------------------------------------------------------
+SOFTMAX = "decoder.adaptive_softmax"
+# fairseq's untied adaptive-softmax head is one (cutoff0 + clusters, d) matrix: seqmix's band-0 words and its cluster
+# vectors; ``upgrade`` splits it under these two names, ``finish`` joins them again
+HEAD_WORDS, HEAD_CLUSTERS = f"{SOFTMAX}.head.weight[words]", f"{SOFTMAX}.head.weight[clusters]"
+
+
+def _cutoff_list(value) -> list[int]:
+    """fairseq's cutoffs: ``"20000,60000"`` (a string it evaluates), a list, or None."""
+    if value is None:
+        return []
+    spec = eval_spec(value) if isinstance(value, str) else value
+    return [int(spec)] if isinstance(spec, int) else [int(c) for c in spec]
+
+
+@dataclass(frozen=True)
+class LanguageModelLayout:
+    """The input and output of a fairseq language model, as seqmix's DecoderOnly builds them."""
+
+    input_cutoffs: tuple[int, ...]  # () = a plain embedding
+    softmax_cutoffs: tuple[int, ...]  # () = a plain output projection
+    tied: bool  # the output reuses the input's vectors
+    tie_projections: bool
+    factor: float
+
+
+class _LanguageModelFamily(Family):
+    """fairseq's ``transformer_lm`` / ``lightconv_lm`` <-> seqmix's DecoderOnly: the decoder stack of the encoder-decoder
+    family with the same layers (its layer table and mixer settings, shared), without cross-attention; a plain or
+    adaptive input; a plain, tied or adaptive (tied or not, projections tied or not) softmax."""
+
+    layers: _EncoderDecoderFamily
+    arch: str
+    version: float
+    output_name: str  # the untied plain output projection as v0.12.2 saves it
+
+    # --- settings ---
+    def layout(self, s: dict) -> LanguageModelLayout:
+        inputs = tuple(_cutoff_list(s.get("adaptive_input_cutoff"))) if s.get("adaptive_input") else ()
+        _check(not s.get("adaptive_input") or inputs, "adaptive_input without adaptive_input_cutoff")
+        softmax = tuple(_cutoff_list(s.get("adaptive_softmax_cutoff")))
+        tied = bool(s.get("tie_adaptive_weights")) if softmax else bool(s.get("share_decoder_input_output_embed"))
+        _check(not (tied and bool(inputs) != bool(softmax)), "a tied output with only one side adaptive")
+        if inputs and softmax:
+            _check(inputs == softmax, f"adaptive input cutoffs {list(inputs)} != adaptive softmax cutoffs "
+                                      f"{list(softmax)} (seqmix's task.adaptive has one list)")
+            _check(float(s["adaptive_input_factor"]) == float(s["adaptive_softmax_factor"]),
+                   "adaptive_input_factor != adaptive_softmax_factor (seqmix's task.adaptive has one factor)")
+        factor = float(s["adaptive_input_factor"] if inputs else s["adaptive_softmax_factor"])
+        return LanguageModelLayout(inputs, softmax, tied, bool(s.get("tie_adaptive_proj")) or not (tied and softmax),
+                                   factor)
+
+    def settled(self, s: dict, vocab_size: int) -> dict:
+        """``s`` with cutoff lists ending below the vocabulary (fairseq also takes a last cutoff equal to it)."""
+        s = dict(s)
+        for key in ("adaptive_input_cutoff", "adaptive_softmax_cutoff"):
+            cuts = _cutoff_list(s.get(key))
+            if cuts and cuts[-1] == vocab_size:
+                cuts = cuts[:-1]
+            s[key] = ",".join(map(str, cuts)) if cuts else None
+        return s
+
+    def final_norm(self, s: dict) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def seqmix_config(self, arch: str, s: dict) -> dict:
+        d = int(s["decoder_embed_dim"])
+        _check(int(s["decoder_input_dim"]) == d and int(s["decoder_output_dim"]) == d,
+               "decoder_input_dim/decoder_output_dim differ from decoder_embed_dim (project_in/out_dim)")
+        for flag in ("character_embeddings", "layernorm_embedding", "no_token_positional_embeddings",
+                     "decoder_layers_to_keep", "scale_attn", "scale_fc", "scale_heads", "scale_resids"):
+            _check(not s.get(flag), flag)
+        self.layout(s)  # refuses what seqmix's adaptive options cannot express
+        decoder = self.layers._side("decoder", s)
+        for key in ("attention_dropout", "cross_attention_heads"):
+            decoder.pop(key, None)
+        decoder["final_norm"] = self.final_norm(s)
+        positions = int(s.get("max_target_positions") or 1024)
+        return {"_target_": "seqmix.models.EncoderDecoder", "_convert_": "all", "name": f"fairseq_{arch}",
+                "embed_dim": d, "dropout": float(s["dropout"]),
+                "positions": "learned" if s["decoder_learned_pos"] else "sinusoidal",
+                "scale_embedding": not s.get("no_scale_embedding", False), "max_source_positions": positions,
+                "max_target_positions": positions, "share_all_embeddings": False,
+                "share_decoder_input_output_embed": self.layout(s).tied, "decoder_start": "eos", "decoder": decoder}
+
+    def adaptive_config(self, s: dict) -> dict:
+        """seqmix's ``task.adaptive`` for complete fairseq settings ``s`` (fairseq projects every band)."""
+        layout = self.layout(s)
+        return {"cutoffs": list(layout.input_cutoffs or layout.softmax_cutoffs), "factor": layout.factor,
+                "input": bool(layout.input_cutoffs), "softmax": bool(layout.softmax_cutoffs),
+                "softmax_dropout": float(s.get("adaptive_softmax_dropout") or 0.0), "project_all_bands": True,
+                "tie_projections": layout.tie_projections}
+
+    def fairseq_settings(self, model: dict, adaptive: dict | None = None) -> tuple[str, dict]:
+        adaptive = {"cutoffs": [], "factor": 4.0, "input": False, "softmax": False, "softmax_dropout": 0.0,
+                    "tie_projections": True, **(adaptive or {})}
+        dec, d = model["decoder"], int(model["embed_dim"])
+        heads = _mixer_of(dec).get("num_heads")
+        if heads is not None and heads != dec["heads"]:
+            _unsupported(f"the decoder mixer's num_heads {heads} != decoder heads {dec['heads']}")
+        cutoffs = ",".join(str(int(c)) for c in adaptive["cutoffs"]) or None
+        inputs, softmax = bool(adaptive["input"] and cutoffs), bool(adaptive["softmax"] and cutoffs)
+        tied = bool(model.get("share_decoder_input_output_embed", True))
+        positions = int(model.get("max_target_positions", 1024))
+        s = {"decoder_embed_dim": d, "decoder_input_dim": d, "decoder_output_dim": d,
+             "decoder_layers": int(dec["layers"]), "decoder_attention_heads": int(dec["heads"]),
+             "decoder_ffn_embed_dim": int(dec["ffn_dim"]), "decoder_normalize_before": True,
+             "decoder_learned_pos": model.get("positions", "sinusoidal") == "learned",
+             "no_token_positional_embeddings": False, "dropout": float(model.get("dropout", 0.1)),
+             "max_target_positions": positions, "tokens_per_sample": positions, "character_embeddings": False,
+             "share_decoder_input_output_embed": tied and not softmax, "adaptive_input": inputs,
+             "adaptive_input_cutoff": cutoffs if inputs else None, "adaptive_input_factor": float(adaptive["factor"]),
+             "adaptive_softmax_cutoff": cutoffs if softmax else None,
+             "adaptive_softmax_factor": float(adaptive["factor"]),
+             "adaptive_softmax_dropout": float(adaptive["softmax_dropout"]), "tie_adaptive_weights": tied and softmax,
+             "tie_adaptive_proj": bool(adaptive["tie_projections"])}
+        s.update(self._layer_settings(model, dec))
+        return self.arch, s
+
+    def _layer_settings(self, model: dict, dec: dict) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # --- tensors ---
+    def rules(self, s: dict) -> list[Rule]:
+        layout = self.layout(s)
+        rules = self._input_rules(layout) + self._output_rules(layout)
+        if s["decoder_learned_pos"]:
+            rules.append(Rule(("decoder.embed_positions.weight",), "decoder.embed_positions.weights.weight"))
+        for i in range(int(s["decoder_layers"])):
+            rules += _rules(self.layers.layer_pairs("decoder", s, cross=False), f"decoder.layers.{i}.",
+                            f"decoder.layers.{i}.")
+        if self.final_norm(s):
+            rules += _rules(_norm("layer_norm", "layer_norm"), "decoder.", "decoder.")
+        return rules
+
+    def _input_rules(self, layout: LanguageModelLayout) -> list[Rule]:
+        """The input's tensors, under the tied softmax's names too (fairseq saves tied weights under each name;
+        a tied seqmix model holds the same bands as ``decoder.embed_tokens`` and ``output``)."""
+        owners = ["decoder.embed_tokens", *(["output"] if layout.tied else [])]
+        if not layout.input_cutoffs:
+            names = ("decoder.embed_tokens.weight",) + ((self.output_name,) if layout.tied and
+                                                         self.tied_output_saved else ())
+            return [Rule(names, f"{owner}.bands.0.embed.weight") for owner in owners]
+        rules = []
+        for i in range(len(layout.input_cutoffs) + 1):
+            embed, proj = (f"decoder.embed_tokens.embeddings.{i}.0.weight",), (f"decoder.embed_tokens.embeddings.{i}.1.weight",)
+            if layout.tied:
+                embed += (f"{SOFTMAX}.head.word_proj.weight",) if i == 0 else (f"{SOFTMAX}.tail.{i - 1}.2.weight",)
+                if i > 0 and layout.tie_projections:
+                    proj += (f"{SOFTMAX}.tail.{i - 1}.0.weight",)
+            for owner in owners:
+                rules += [Rule(embed, f"{owner}.bands.{i}.embed.weight"), Rule(proj, f"{owner}.bands.{i}.proj.weight")]
+        return rules
+
+    def _output_rules(self, layout: LanguageModelLayout) -> list[Rule]:
+        if not layout.softmax_cutoffs:
+            return [] if layout.tied else [Rule((self.output_name,), "output.bands.0.embed.weight")]
+        tails = range(1, len(layout.softmax_cutoffs) + 1)
+        if layout.tied:
+            rules = [Rule((f"{SOFTMAX}.head.class_proj.weight",), "output.cluster.weight")]
+            if not layout.tie_projections:
+                rules += [Rule((f"{SOFTMAX}.tail.{i - 1}.0.weight",), f"output.tail_proj.{i - 1}.weight", TRANSPOSE)
+                          for i in tails]
+            return rules
+        rules = [Rule((HEAD_WORDS,), "output.bands.0.embed.weight"), Rule((HEAD_CLUSTERS,), "output.cluster.weight")]
+        for i in tails:
+            rules += [Rule((f"{SOFTMAX}.tail.{i - 1}.0.weight",), f"output.bands.{i}.proj.weight", TRANSPOSE),
+                      Rule((f"{SOFTMAX}.tail.{i - 1}.2.weight",), f"output.bands.{i}.embed.weight")]
+        return rules
+
+    tied_output_saved: bool
+
+    def upgrade(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
+        layout = self.layout(s)
+        buffers = ("decoder.version", "decoder.embed_tokens._float_tensor", f"{SOFTMAX}.version",
+                   f"{SOFTMAX}.head._float_tensor", "decoder.embed_positions._float_tensor")
+        state = {k: v for k, v in _split_in_proj(state).items()
+                 if k not in buffers and not (k == "decoder.embed_positions.weights" and not s["decoder_learned_pos"])}
+        state = self._output_names(state, layout)
+        head = state.pop(f"{SOFTMAX}.head.weight", None)
+        if head is not None and not layout.tied and head.shape[0] > layout.softmax_cutoffs[0]:
+            state[HEAD_WORDS], state[HEAD_CLUSTERS] = head[: layout.softmax_cutoffs[0]], head[layout.softmax_cutoffs[0]:]
+        elif head is not None:
+            state[f"{SOFTMAX}.head.weight"] = head  # reported as unexpected
+        return state
+
+    def _output_names(self, state: dict[str, Tensor], layout: LanguageModelLayout) -> dict[str, Tensor]:
+        return state
+
+    def finish(self, state: dict[str, Tensor], s: dict) -> dict[str, Tensor]:
+        if HEAD_WORDS in state:
+            state = dict(state)
+            state[f"{SOFTMAX}.head.weight"] = torch.cat([state.pop(HEAD_WORDS), state.pop(HEAD_CLUSTERS)])
+        return state
+
+    def buffers(self, s: dict) -> dict[str, Tensor]:
+        layout = self.layout(s)
+        out = {"decoder.version": torch.tensor([self.version])}
+        if not s["decoder_learned_pos"]:
+            out["decoder.embed_positions._float_tensor"] = torch.zeros(1)
+        if layout.input_cutoffs:
+            out["decoder.embed_tokens._float_tensor"] = torch.zeros(1)
+        if layout.softmax_cutoffs:
+            out[f"{SOFTMAX}.version"] = torch.tensor([1])
+            if layout.tied:
+                out[f"{SOFTMAX}.head._float_tensor"] = torch.zeros(1)
+        return out
+
+
+class TransformerLMFamily(_LanguageModelFamily):
+    name = arch = "transformer_lm"
+    version = 3.0
+    output_name = "decoder.output_projection.weight"
+    tied_output_saved = True
+
+    def __init__(self) -> None:
+        self.layers = TransformerFamily()
+
+    def final_norm(self, s: dict) -> bool:
+        return not s.get("no_decoder_final_norm", False)
+
+    def seqmix_config(self, arch: str, s: dict) -> dict:
+        _check(s["activation_fn"] in TransformerFamily.ACTIVATIONS,
+               f"activation_fn {s['activation_fn']!r} (seqmix has relu, gelu (exact), swish)")
+        return super().seqmix_config(arch, s)
+
+    def _layer_settings(self, model: dict, dec: dict) -> dict:
+        TransformerFamily.check_side("decoder", dec)
+        if not dec.get("normalize_before", False):
+            _unsupported("a post-norm language model (fairseq's transformer_lm is always pre-norm)")
+        return {"activation_fn": dec.get("activation", "relu"), "no_scale_embedding": not model.get("scale_embedding", True),
+                "attention_dropout": float(_mixer_of(dec).get("attention_dropout", 0.0)),
+                "activation_dropout": float(dec.get("activation_dropout", 0.0)), "relu_dropout": 0.0,
+                "no_decoder_final_norm": not dec.get("final_norm", True), "layernorm_embedding": False,
+                "decoder_layers_to_keep": None, "decoder_layerdrop": 0.0, "quant_noise_pq": 0.0}
+
+    def _output_names(self, state: dict[str, Tensor], layout: LanguageModelLayout) -> dict[str, Tensor]:
+        if "decoder.embed_out" in state:  # fairseq <= 0.9
+            state[self.output_name] = state.pop("decoder.embed_out")
+        if layout.tied and not layout.input_cutoffs and self.output_name not in state \
+                and "decoder.embed_tokens.weight" in state:
+            state[self.output_name] = state["decoder.embed_tokens.weight"]
+        return state
+
+
+class LightConvLMFamily(_LanguageModelFamily):
+    """fairseq's lightconv_lm: pre-norm lightconv decoder blocks and never a final LayerNorm."""
+
+    name = arch = "lightconv_lm"
+    version = 2.0
+    output_name = "decoder.embed_out"
+    tied_output_saved = False
+
+    def __init__(self) -> None:
+        self.layers = LightConvFamily()
+
+    def final_norm(self, s: dict) -> bool:
+        return False
+
+    def _layer_settings(self, model: dict, dec: dict) -> dict:
+        if dec.get("final_norm", True):
+            _unsupported("a final LayerNorm (fairseq's lightconv_lm has none: train with model.decoder.final_norm=false)")
+        if not model.get("scale_embedding", True):
+            _unsupported("scale_embedding=false (fairseq's lightconv always scales embeddings by sqrt(d))")
+        mixer = _mixer_of(dec)
+        return {**LightConvFamily.side_settings("decoder", dec, int(model["embed_dim"])),
+                "weight_softmax": bool(mixer.get("weight_softmax", True)),
+                "weight_dropout": float(mixer.get("weight_dropout", 0.0)),
+                "input_dropout": float(mixer.get("input_dropout", 0.0)),
+                "relu_dropout": float(dec.get("activation_dropout", 0.0)), "attention_dropout": 0.0}
+
+    def _output_names(self, state: dict[str, Tensor], layout: LanguageModelLayout) -> dict[str, Tensor]:
+        if not layout.softmax_cutoffs:  # fairseq main: output_projection (tied too); v0.12: embed_out
+            state = lightconv_main_names(state, tied=layout.tied)
+        state = {k: v for k, v in state.items() if not k.endswith(".conv.conv_bias")}
+        return {k: (v.unsqueeze(1) if k.endswith(".conv.weight") and v.dim() == 2 else v) for k, v in state.items()}
+
+
+class TaLKFamily(LightConvFamily):
+    """The official TaLK code's ``talkconv`` (its fairseq plug-in, github.com/lioutasb/TaLKConvolutions): lightconv's
+    layout with a ``TaLKConv`` whose ``offsets`` Linear predicts the window extents (sigmoid; encoder: H left then H
+    right, l_max = r_max = the layer's kernel size; decoder: H left, r_max = 0) and a Swish FFN. Its CUDA kernels
+    compute seqmix's TaLK: S = cumsum(x / (l_max + r_max + 1)), y_t = S at a_r minus S at a_l - 1, both read by
+    linear interpolation, a_l = clamp(t - sigma_l * l_max, 0, T - 1), a_r = clamp(t + sigma_r * r_max, 0, T - 1)."""
+
+    name = "talkconv"
+
+    def _side(self, side: str, s: dict) -> dict:
+        layers = int(s[f"{side}_layers"])
+        mixer = {"_target_": "seqmix.mixers.TaLK", "_partial_": True,
+                 "kernel_size": kernel_list(s[f"{side}_kernel_size_list"], layers, side),
+                 "glu": bool(s[f"{side}_glu"]), "offset_dropout": float(s["weight_dropout"]),
+                 "input_dropout": float(s["input_dropout"]), "conv_dim": int(s[f"{side}_conv_dim"]),
+                 "kernel_backend": "auto", "output_normalization": True}
+        out = {"layers": layers, "heads": int(s[f"{side}_attention_heads"]), "ffn_dim": int(s[f"{side}_ffn_embed_dim"]),
+               "normalize_before": bool(s[f"{side}_normalize_before"]), "activation": "swish",
+               "activation_dropout": float(s["relu_dropout"]), "mixer": mixer}
+        if side == "decoder":
+            out.update(attention_dropout=float(s["attention_dropout"]), cross_attention_heads=out["heads"])
+        return out
+
+    @classmethod
+    def side_settings(cls, side: str, model_side: dict, embed_dim: int) -> dict:
+        mixer = _mixer_of(model_side)
+        if mixer.get("_target_") != "seqmix.mixers.TaLK":
+            _unsupported(f"{side} mixer {mixer.get('_target_')} (the TaLK code's models have TaLK layers only)")
+        if model_side.get("activation", "relu") != "swish":
+            _unsupported(f"{side} FFN activation {model_side.get('activation', 'relu')} (TaLK's FFN is swish)")
+        if not mixer.get("output_normalization", True):
+            _unsupported("TaLK without output normalization")
+        layers = int(model_side["layers"])
+        kernel, right = mixer.get("kernel_size"), mixer.get("right_kernel_size")
+        sizes = [int(kernel)] * layers if isinstance(kernel, int) else [int(k) for k in kernel][:layers]
+        if right is not None and side == "encoder":
+            rights = [int(right)] * layers if isinstance(right, int) else [int(k) for k in right][:layers]
+            if rights != sizes:
+                _unsupported("right_kernel_size apart from kernel_size (the TaLK code's encoder uses one list)")
+        return {f"{side}_kernel_size_list": sizes, f"{side}_glu": bool(mixer.get("glu", True)),
+                f"{side}_conv_dim": int(mixer.get("conv_dim") or embed_dim)}
+
+    def fairseq_settings(self, model: dict) -> tuple[str, dict]:
+        self._check_heads(model)
+        if not model.get("scale_embedding", True):
+            _unsupported("scale_embedding=false (the TaLK code always scales embeddings by sqrt(d))")
+        s = self._common_settings(model)
+        for side in ("encoder", "decoder"):
+            if model[side].get("normalize_before") and not model[side].get("final_norm", True):
+                _unsupported(f"a pre-norm {side} without its final LayerNorm")
+            s.update(self.side_settings(side, model[side], model["embed_dim"]))
+        mixers = {side: _mixer_of(model[side]) for side in ("encoder", "decoder")}
+        s.update(
+            weight_dropout=float(_same_everywhere({k: m.get("offset_dropout", 0.0) for k, m in mixers.items()},
+                                                  "weight_dropout")),
+            input_dropout=float(_same_everywhere({k: m.get("input_dropout", 0.0) for k, m in mixers.items()},
+                                                 "input_dropout")),
+            relu_dropout=float(_same_everywhere({k: model[k].get("activation_dropout", 0.0) for k in mixers},
+                                                "relu_dropout")),
+            attention_dropout=float(model["decoder"].get("attention_dropout", 0.0)),
+        )
+        return "talkconv", s
+
+    @staticmethod
+    def layer_pairs(side: str, s: dict, cross: bool) -> list[tuple[str, str]]:
+        """lightconv's layer names with the TaLK layer's ``conv.offsets`` in place of the conv weights."""
+        norms = [("layer_norms.0", "mixer_residual.norm"), ("layer_norms.1", "ffn_residual.norm")] \
+            if side == "encoder" else [("conv_layer_norm", "mixer_residual.norm"), ("final_layer_norm",
+                                                                                  "ffn_residual.norm")]
+        if cross:
+            norms.append(("encoder_attn_layer_norm", "cross_residual.norm"))
+        pairs = _linear("linear1", "mixer.linear1") + _linear("conv.offsets", "mixer.offset_proj")
+        pairs += _linear("linear2", "mixer.linear2")
+        if cross:
+            pairs += _attention("encoder_attn", "cross_attn")
+        pairs += _linear("fc1", "ffn.fc1") + _linear("fc2", "ffn.fc2")
+        return pairs + [pair for f, q in norms for pair in _norm(f, q)]
+
+
+class TaLKLMFamily(LightConvLMFamily):
+    """The official TaLK code's ``talkconv_lm``: lightconv_lm's input, output and block layout (no final LayerNorm),
+    TaLK layers."""
+
+    name = arch = "talkconv_lm"
+
+    def __init__(self) -> None:
+        self.layers = TaLKFamily()
+
+    def _layer_settings(self, model: dict, dec: dict) -> dict:
+        if dec.get("final_norm", True):
+            _unsupported("a final LayerNorm (talkconv_lm has none: train with model.decoder.final_norm=false)")
+        if not model.get("scale_embedding", True):
+            _unsupported("scale_embedding=false (talkconv_lm always scales embeddings by sqrt(d))")
+        mixer = _mixer_of(dec)
+        return {**TaLKFamily.side_settings("decoder", dec, int(model["embed_dim"])),
+                "weight_dropout": float(mixer.get("offset_dropout", 0.0)),
+                "input_dropout": float(mixer.get("input_dropout", 0.0)),
+                "relu_dropout": float(dec.get("activation_dropout", 0.0)), "attention_dropout": 0.0}
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (TransformerFamily(), LightConvFamily(), FConvFamily(), TaLKFamily(),
+                                                   TransformerLMFamily(), LightConvLMFamily(), TaLKLMFamily())}
+LANGUAGE_MODELS = ("transformer_lm", "lightconv_lm", "talkconv_lm")
 
 # seqmix model config target -> the family that exports it
 EXPORTERS = {"seqmix.models.convs2s.ConvS2S": "fconv"}
@@ -621,9 +1077,10 @@ def family_for_seqmix(model: dict) -> Family:
         return FAMILIES[EXPORTERS[target]]
     if target not in ("seqmix.models.EncoderDecoder", "seqmix.models.encoder_decoder.EncoderDecoder"):
         raise SeqmixError(f"cannot export to fairseq: model {model.get('name')} ({target}) has no fairseq counterpart "
-                          "(transformer, lightconv/dynamicconv and ConvS2S models do)")
+                          "(transformer, lightconv/dynamicconv, TaLK and ConvS2S models do)")
     mixer = _mixer_of(model["encoder"])
-    return FAMILIES["transformer" if mixer.get("_target_") == "seqmix.mixers.SelfAttention" else "lightconv"]
+    return FAMILIES[{"seqmix.mixers.SelfAttention": "transformer",
+                     "seqmix.mixers.TaLK": "talkconv"}.get(mixer.get("_target_"), "lightconv")]
 
 
 # --- walking the table -----------------------------------------------------------------------------------------
@@ -683,5 +1140,6 @@ def to_fairseq_state(family: Family, settings: dict, seqmix_state: dict[str, Ten
     unused = sorted(set(seqmix_state) - {r.seqmix for r in family.rules(settings)})
     if unused:
         raise SeqmixError(f"cannot export: fairseq's {family.name} has no place for {_shown(unused)}")
+    out = family.finish(out, settings)
     out.update(family.buffers(settings))
     return out

@@ -28,8 +28,11 @@ class AdaptiveOptions:
     cutoffs: tuple[int, ...] = ()  # band boundaries in the frequency-sorted vocabulary
     factor: float = 4.0  # each band's width is the previous one's / factor
     input: bool = False
+    project_all_bands: bool = False  # fairseq's layout: a projection for every band, band 0's (d x d) included
     softmax: bool = False
     softmax_dropout: float = 0.0
+    tie_projections: bool = True  # tied weights: the softmax tails reuse the input projections (fairseq's
+    # tie_adaptive_proj); false: each tail has its own
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -44,7 +47,7 @@ def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
 class Band(nn.Module):
     """Vectors of one frequency band and their projection to the model width (None when already that wide)."""
 
-    def __init__(self, size: int, dim: int, model_dim: int, padding_idx: int | None) -> None:
+    def __init__(self, size: int, dim: int, model_dim: int, padding_idx: int | None, project: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(size, dim, padding_idx=padding_idx)
         nn.init.normal_(self.embed.weight, mean=0.0, std=dim**-0.5)
@@ -52,7 +55,7 @@ class Band(nn.Module):
             with torch.no_grad():
                 self.embed.weight[padding_idx].zero_()
         self.proj = None
-        if dim != model_dim:
+        if dim != model_dim or project:
             self.proj = nn.Linear(dim, model_dim, bias=False)
             nn.init.xavier_uniform_(self.proj.weight)
 
@@ -71,14 +74,15 @@ class AdaptiveInput(nn.Module):
     so the shared ``Stack`` can use it as its token embedding."""
 
     def __init__(self, vocab_size: int, padding_idx: int, embed_dim: int, cutoffs: Sequence[int] = (),
-                 factor: float = 4.0) -> None:
+                 factor: float = 4.0, project_all_bands: bool = False) -> None:
         super().__init__()
         self.edges = band_edges(vocab_size, cutoffs)
         if padding_idx >= self.edges[1]:
             raise SeqmixError(f"the padding id {padding_idx} must fall in the first adaptive band [0, {self.edges[1]})")
         dims = _band_dims(embed_dim, factor, len(self.edges) - 1)
+        project = project_all_bands and len(dims) > 1  # one band is a plain embedding, never projected
         self.bands = nn.ModuleList(
-            Band(hi - lo, dim, embed_dim, padding_idx if i == 0 else None)
+            Band(hi - lo, dim, embed_dim, padding_idx if i == 0 else None, project)
             for i, (lo, hi, dim) in enumerate(zip(self.edges, self.edges[1:], dims))
         )
         self.embedding_dim = embed_dim
@@ -112,22 +116,38 @@ class AdaptiveInput(nn.Module):
         return out
 
 
+def _own_projection(band: Band) -> nn.Linear:
+    """A projection shaped as ``band``'s (model width x band width), initialized apart."""
+    proj = nn.Linear(band.proj.in_features, band.proj.out_features, bias=False)
+    nn.init.xavier_uniform_(proj.weight)
+    return proj
+
+
 class AdaptiveSoftmax(nn.Module):
-    """Log-probabilities over the vocabulary from (…, d) features; ``bands`` ties weights to an ``AdaptiveInput``."""
+    """Log-probabilities over the vocabulary from (…, d) features; ``bands`` ties weights to an ``AdaptiveInput``.
+
+    The head scores band 0's words with band 0's vectors as they are (a band-0 projection, which fairseq's adaptive
+    input has, serves the input only: fairseq's tied head skips it too). ``project_all_bands``: untied tails project
+    even when as wide as the model (fairseq's). ``tie_projections=False`` with tied ``bands``: each tail has its own
+    projection (``tail_proj``, laid out as the band's) and shares only the word vectors."""
 
     def __init__(self, embed_dim: int, vocab_size: int, cutoffs: Sequence[int] = (), factor: float = 4.0,
-                 dropout: float = 0.0, bands: nn.ModuleList | None = None) -> None:
+                 dropout: float = 0.0, bands: nn.ModuleList | None = None, project_all_bands: bool = False,
+                 tie_projections: bool = True) -> None:
         super().__init__()
         self.edges = band_edges(vocab_size, cutoffs)
         n = len(self.edges) - 1
+        self.tail_proj = None
         if bands is None:
             dims = _band_dims(embed_dim, factor, n)
-            bands = nn.ModuleList(Band(hi - lo, dim, embed_dim, None)
-                                  for lo, hi, dim in zip(self.edges, self.edges[1:], dims))
+            bands = nn.ModuleList(Band(hi - lo, dim, embed_dim, None, project_all_bands and i > 0)
+                                  for i, (lo, hi, dim) in enumerate(zip(self.edges, self.edges[1:], dims)))
         elif len(bands) != n or any(b.embed.num_embeddings != hi - lo
                                     for b, lo, hi in zip(bands, self.edges, self.edges[1:])):
             raise SeqmixError("tied adaptive softmax needs the same cutoffs as the adaptive input; set "
                               "task.adaptive.input and task.adaptive.softmax alike (or untie the weights)")
+        elif not tie_projections:
+            self.tail_proj = nn.ModuleList(nn.Identity() if b.proj is None else _own_projection(b) for b in bands[1:])
         self.bands = bands
         self.cluster = nn.Linear(embed_dim, n - 1, bias=False) if n > 1 else None
         if self.cluster is not None:
@@ -137,8 +157,9 @@ class AdaptiveSoftmax(nn.Module):
 
     def _band_logits(self, i: int, x: Tensor) -> Tensor:
         band = self.bands[i]
-        if band.proj is not None:  # features -> band width through the (transposed) input projection
-            x = self.dropout(F.linear(x, band.proj.weight.t()))
+        proj = None if i == 0 else band.proj if self.tail_proj is None else self.tail_proj[i - 1]
+        if isinstance(proj, nn.Linear):  # features -> band width through the (transposed) projection
+            x = self.dropout(F.linear(x, proj.weight.t()))
         return F.linear(x, band.embed.weight)
 
     def _head(self, x: Tensor) -> Tensor:

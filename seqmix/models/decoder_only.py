@@ -23,16 +23,18 @@ class DecoderOnly(nn.Module):
     def __init__(self, vocab_size: int, padding_idx: int, embed_dim: int, decoder: dict, dropout: float = 0.1,
                  positions: str = "sinusoidal", max_positions: int = 1024, scale_embedding: bool = True,
                  tie_weights: bool = True, input_cutoffs: Sequence[int] = (), softmax_cutoffs: Sequence[int] = (),
-                 adaptive_factor: float = 4.0, softmax_dropout: float = 0.0, name: str | None = None) -> None:
+                 adaptive_factor: float = 4.0, softmax_dropout: float = 0.0, name: str | None = None,
+                 project_all_bands: bool = False, tie_projections: bool = True) -> None:
         super().__init__()
         self.name = name
         self.padding_idx = padding_idx
         settings = stack_settings(decoder, cross_attention=False)
-        embed = AdaptiveInput(vocab_size, padding_idx, embed_dim, input_cutoffs, adaptive_factor)
+        embed = AdaptiveInput(vocab_size, padding_idx, embed_dim, input_cutoffs, adaptive_factor, project_all_bands)
         self.decoder = Stack(embed, max_positions, positions=positions, dropout=dropout,
                              scale_embedding=scale_embedding, causal=True, **settings)
         self.output = AdaptiveSoftmax(embed_dim, vocab_size, softmax_cutoffs, adaptive_factor, softmax_dropout,
-                                      bands=embed.bands if tie_weights else None)
+                                      bands=embed.bands if tie_weights else None,
+                                      project_all_bands=project_all_bands, tie_projections=tie_projections)
         self.max_positions = max_positions
 
     @classmethod
@@ -57,7 +59,8 @@ class DecoderOnly(nn.Module):
                    scale_embedding=preset["scale_embedding"], tie_weights=preset["share_decoder_input_output_embed"],
                    input_cutoffs=list(adaptive.cutoffs) if adaptive.input else [],
                    softmax_cutoffs=list(adaptive.cutoffs) if adaptive.softmax else [],
-                   adaptive_factor=adaptive.factor, softmax_dropout=adaptive.softmax_dropout, name=preset.get("name"))
+                   adaptive_factor=adaptive.factor, softmax_dropout=adaptive.softmax_dropout, name=preset.get("name"),
+                   project_all_bands=adaptive.project_all_bands, tie_projections=adaptive.tie_projections)
 
     def forward(self, tokens: Tensor, state: DecoderState | None = None) -> Tensor:
         """Features (B, T, C); with ``state``, ``tokens`` holds only the new step(s)."""

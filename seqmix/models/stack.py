@@ -24,7 +24,7 @@ from seqmix.layers.padding import padding_or_none
 from seqmix.mixers.base import MixerState, TokenMixer
 from seqmix.models.blocks import Block, BlockState
 
-_BLOCK_SETTINGS = {"layers", "ffn_dim", "normalize_before", "activation", "activation_dropout"}
+_BLOCK_SETTINGS = {"layers", "ffn_dim", "normalize_before", "activation", "activation_dropout", "final_norm"}
 _MIXER_SETTINGS = {"mixer", "pattern", "legend", "heads"}
 _CROSS_SETTINGS = {"attention_dropout", "cross_attention_heads"}
 
@@ -101,13 +101,15 @@ def build_mixer(factory: Callable[..., TokenMixer], embed_dim: int, causal: bool
 
 
 class Stack(nn.Module):
-    """Embeddings → dropout → N blocks → final norm (pre-norm only). Shared by encoder, decoder and LM."""
+    """Embeddings → dropout → N blocks → final norm (pre-norm, unless ``final_norm=False``). Shared by encoder, decoder
+    and LM."""
 
     def __init__(self, embed_tokens: nn.Embedding, max_positions: int, positions: str, dropout: float,
                  scale_embedding: bool, layers: int, ffn_dim: int, causal: bool, mixer: Callable | None = None,
                  pattern: str | Sequence[str] | None = None, legend: dict | None = None, heads: int | None = None,
                  normalize_before: bool = False, activation: str = "relu", activation_dropout: float = 0.0,
-                 attention_dropout: float = 0.0, cross_attention_heads: int | None = None) -> None:
+                 attention_dropout: float = 0.0, cross_attention_heads: int | None = None,
+                 final_norm: bool = True) -> None:
         super().__init__()
         embed_dim = embed_tokens.embedding_dim
         self.padding_idx = embed_tokens.padding_idx
@@ -125,7 +127,9 @@ class Stack(nn.Module):
                   attention_dropout=attention_dropout)
             for i, factory in enumerate(factories)
         )
-        self.layer_norm = nn.LayerNorm(embed_dim) if normalize_before else None
+        # a pre-norm stack ends in a LayerNorm unless final_norm=false (fairseq's no_decoder_final_norm, the layout of
+        # its wiki103/gbw language models and of every lightconv_lm); a post-norm stack's last block already normalized
+        self.layer_norm = nn.LayerNorm(embed_dim) if normalize_before and final_norm else None
 
     def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
         x = self.embed_scale * self.embed_tokens(tokens)

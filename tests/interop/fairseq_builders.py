@@ -214,3 +214,31 @@ def write_dicts(folder, vocab: tuple[int, int], langs=("de", "en"), joined: bool
     for lang, size, prefix in zip(langs, vocab, ("w", "w") if joined else ("s", "t")):
         FairseqDictionary([f"{prefix}{i}" for i in range(size - 4)], [size - i for i in range(size - 4)]).save(
             folder / f"dict.{lang}.txt")
+
+
+def talkconv_state(e: int = 16, ffn: int = 32, heads: int = 2, kernels: tuple[list, list] = ([1, 3], [2, 3]),
+                   vocab: tuple[int, int] = (30, 30), seed: int = 0) -> dict:
+    """The official TaLK code's TaLKConvModel.state_dict() (github.com/lioutasb/TaLKConvolutions): lightconv's layout
+    (encoder layer_norms.0/1, embed_out) with ``conv.offsets`` (encoder 2H outputs, decoder H), GLU, shared
+    embeddings."""
+    w, sd = Weights(seed), {}
+    embed = w(vocab[0], e)
+    for side, ks in (("encoder", kernels[0]), ("decoder", kernels[1])):
+        embeddings(w, sd, side, embed, False, 64)
+        for i in range(len(ks)):
+            p = f"{side}.layers.{i}."
+            w.linear(sd, p + "linear1", 2 * e, e)
+            w.linear(sd, p + "conv.offsets", heads * (2 if side == "encoder" else 1), e)
+            w.linear(sd, p + "linear2", e, e)
+            w.linear(sd, p + "fc1", ffn, e)
+            w.linear(sd, p + "fc2", e, ffn)
+            if side == "encoder":
+                w.norm(sd, p + "layer_norms.0", e)
+                w.norm(sd, p + "layer_norms.1", e)
+            else:
+                w.norm(sd, p + "conv_layer_norm", e)
+                w.attention(sd, p + "encoder_attn", e)
+                w.norm(sd, p + "encoder_attn_layer_norm", e)
+                w.norm(sd, p + "final_layer_norm", e)
+        sd[f"{side}.version"] = torch.tensor([2.0])
+    return sd

@@ -4,6 +4,7 @@ by step as in one pass, start decoding from eos; what does not map is refused wi
 
 from __future__ import annotations
 
+import math
 from argparse import Namespace
 
 import pytest
@@ -17,6 +18,7 @@ from tests.interop.fairseq_builders import (
     fconv_state,
     lightconv_state,
     packed,
+    talkconv_state,
     transformer_state,
     write_dicts,
 )
@@ -390,3 +392,69 @@ def test_decoding_settings_come_from_the_checkpoints_generation_options(tmp_path
     assert task.run_config["task"]["generation"] == {
         "beam_size": 5, "len_penalty": 1.0, "max_len_a": 0.0, "max_len_b": 200, "min_len_a": 0.0, "min_len_b": 1,
         "no_repeat_ngram_size": 0}
+
+
+def test_a_pre_norm_transformer_without_the_decoders_final_norm_imports_and_exports_back(tmp_path):
+    """no_decoder_final_norm (fairseq's transformer option) is model.decoder.final_norm=false."""
+    state = transformer_state(pre=True)
+    del state["decoder.layer_norm.weight"], state["decoder.layer_norm.bias"]
+    settings = {**TRANSFORMER, "encoder_normalize_before": True, "decoder_normalize_before": True,
+                "no_decoder_final_norm": True}
+    task, ckpt = imported(tmp_path, cfg_container(settings, state))
+    assert task.model.decoder.layer_norm is None and task.model.encoder.layer_norm is not None
+    assert task.run_config["model"]["decoder"]["final_norm"] is False
+    back = exported(tmp_path, ckpt)
+    assert_same_state(back["model"], state)
+    assert back["args"].no_decoder_final_norm is True
+    step_equals_full(task, start=2)
+
+
+# --- the official TaLK code's talkconv -----------------------------------------------------------------------
+def official_talk_encoder_window(u: torch.Tensor, left: torch.Tensor, right: torch.Tensor, k: int,
+                                 heads: int) -> torch.Tensor:
+    """The TaLK code's CUDA encoder kernel for u (T, C), offsets (T, H), l_max = r_max = k: S = cumsum(u / (2k + 1)),
+    y_t = S read at a_r minus S read at a_l - 1 (linear interpolation, S[-1] = 0)."""
+    T, C = u.shape
+    S = torch.cumsum(u / (2 * k + 1), 0).view(T, heads, C // heads)
+
+    def at(i: int, h: int):
+        return S[i, h] if i >= 0 else torch.zeros_like(S[0, h])
+
+    out = torch.empty_like(S)
+    for t in range(T):
+        for h in range(heads):
+            a_l = min(max(t - float(left[t, h]) * k, 0.0), T - 1.0)
+            a_r = min(max(t + float(right[t, h]) * k, 0.0), T - 1.0)
+            alpha_l, alpha_r = math.ceil(a_l) - a_l, a_r - math.floor(a_r)
+            upper = (1 - alpha_r) * at(math.floor(a_r), h) + alpha_r * at(math.ceil(a_r), h)
+            lower = alpha_l * at(math.floor(a_l) - 1, h) + (1 - alpha_l) * at(math.ceil(a_l) - 1, h)
+            out[t, h] = upper - lower
+    return out.view(T, C)
+
+
+def test_an_official_talkconv_translation_model_imports_exports_and_decodes(tmp_path):
+    state = talkconv_state()
+    settings = {"arch": "talkconv", "encoder_embed_dim": 16, "encoder_ffn_embed_dim": 32, "encoder_layers": 2,
+                "encoder_attention_heads": 2, "decoder_layers": 2, "decoder_attention_heads": 2, "dropout": 0.0,
+                "encoder_kernel_size_list": [1, 3], "decoder_kernel_size_list": [2, 3], "share_all_embeddings": True,
+                "max_source_positions": 64, "max_target_positions": 64, **LANGS}
+    task, ckpt = imported(tmp_path, args_container(settings, state))
+    ours = seqmix_state(task)
+    assert torch.equal(ours["encoder.layers.1.mixer.offset_proj.bias"], state["encoder.layers.1.conv.offsets.bias"])
+    assert torch.equal(ours["decoder.layers.0.mixer.offset_proj.weight"],
+                       state["decoder.layers.0.conv.offsets.weight"])
+    layer = task.model.encoder.layers[1]
+    assert layer.mixer.l_max == layer.mixer.r_max == 3 and task.model.decoder.layers[0].mixer.l_max == 2
+    assert_same_state(exported(tmp_path, ckpt)["model"], state)
+    step_equals_full(task, start=2)
+    # the encoder's TaLK layer computes the official kernel's window (float64)
+    mixer = layer.mixer.double().eval()
+    x = torch.randn(1, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    g = {k: v.double() for k, v in state.items() if k.startswith("encoder.layers.1.")}
+    p = "encoder.layers.1."
+    u = torch.nn.functional.glu(x[0] @ g[p + "linear1.weight"].t() + g[p + "linear1.bias"], dim=-1)
+    sigma = torch.sigmoid(u @ g[p + "conv.offsets.weight"].t() + g[p + "conv.offsets.bias"])
+    window = official_talk_encoder_window(u, sigma[:, :2], sigma[:, 2:], 3, 2)
+    expect = window @ g[p + "linear2.weight"].t() + g[p + "linear2.bias"]
+    with torch.no_grad():
+        torch.testing.assert_close(mixer(x)[0], expect, rtol=0, atol=1e-12)

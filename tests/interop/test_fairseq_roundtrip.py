@@ -58,7 +58,7 @@ def saved_seqmix_checkpoint(tmp_path, overrides: list[str]):
     return path
 
 
-@pytest.mark.parametrize("model", ["transformer_small", "dynamicconv_small", "convs2s_small"])
+@pytest.mark.parametrize("model", ["transformer_small", "dynamicconv_small", "convs2s_small", "talk_small"])
 def test_a_seqmix_model_exported_and_reimported_decodes_identically(tmp_path, model):
     extra = ["model.encoder.embed_dim=16", "model.decoder.embed_dim=16", "model.decoder.out_embed_dim=16",
              "model.encoder.layers=[[16,3],[24,3]]", "model.decoder.layers=[[16,3],[16,2]]"] \
@@ -74,7 +74,7 @@ def test_a_seqmix_model_exported_and_reimported_decodes_identically(tmp_path, mo
     assert lines == [f"{vocab.id_to_token(i)} 1" for i in range(4, original.tokenizer.vocab_size)]
     container = torch.load(tmp_path / "fairseq" / "checkpoint.pt", weights_only=False)
     assert container["args"].arch == {"transformer_small": "transformer", "dynamicconv_small": "lightconv",
-                                      "convs2s_small": "fconv"}[model]
+                                      "convs2s_small": "fconv", "talk_small": "talkconv"}[model]
     assert back.tokenizer.to_json() == original.tokenizer.to_json()
     theirs, ours = original.model.state_dict(), back.model.state_dict()
     assert sorted(theirs) == sorted(ours) and all(torch.equal(theirs[k], ours[k]) for k in theirs)
@@ -93,7 +93,7 @@ def test_a_bos_start_model_is_not_exported(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (["model=talk_small"], "mixer seqmix.mixers.TaLK"),
+    (["model=talk_small", "model.encoder.activation=relu"], "activation relu"),
     (["experiment=multi30k_hybrid_cpu"], "hybrid mixer pattern"),
     (["model=lightconv_small", "model.encoder.activation=swish"], "activation swish"),
     (["model=disco"], "no fairseq counterpart"),

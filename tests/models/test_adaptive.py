@@ -147,3 +147,45 @@ def test_decoder_only_ties_every_band_through_training_and_checkpoints(cutoffs):
     untied = _lm(False, cutoffs)
     assert not any(a is b for a, b in zip(_band_params(untied.decoder.embed_tokens), _band_params(untied.output)))
     assert count_parameters(untied) - count_parameters(model) == sum(p.numel() for p in out)
+
+
+def test_fairseq_layout_projects_every_band_but_the_head_reads_band_0_as_is():
+    """project_all_bands: band 0 gets a d x d projection (fairseq's adaptive input); the head scores band 0's words
+    with its vectors alone, so that projection changes the input, never the softmax."""
+    torch.manual_seed(0)
+    emb = AdaptiveInput(V, PAD, D, [10, 30], 2.0, project_all_bands=True)
+    assert all(b.proj is not None for b in emb.bands) and emb.bands[0].proj.weight.shape == (D, D)
+    head = AdaptiveSoftmax(D, V, [10, 30], 2.0, bands=emb.bands).eval().double()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    before = head.log_probs(x)
+    with torch.no_grad():
+        emb.bands[0].proj.weight.mul_(3.0)
+    assert torch.equal(head.log_probs(x), before)
+    assert AdaptiveInput(V, PAD, D, [], 2.0, project_all_bands=True).bands[0].proj is None  # a plain embedding
+
+
+def test_untied_projections_share_only_the_word_vectors():
+    torch.manual_seed(0)
+    emb = AdaptiveInput(V, PAD, D, [10, 30], 2.0)
+    head = AdaptiveSoftmax(D, V, [10, 30], 2.0, bands=emb.bands, tie_projections=False).eval().double()
+    assert head.bands[1].embed is emb.bands[1].embed and head.tail_proj[0].weight is not emb.bands[1].proj.weight
+    assert head.tail_proj[0].weight.shape == emb.bands[1].proj.weight.shape
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    lp = head.log_probs(x)
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(2, 5, dtype=torch.float64), atol=1e-12)
+    with torch.no_grad():
+        emb.bands[1].proj.weight.mul_(3.0)  # the input's projection: not the softmax's any more
+    assert torch.equal(head.log_probs(x), lp)
+    with torch.no_grad():
+        head.tail_proj[0].weight.mul_(3.0)
+    assert not torch.equal(head.log_probs(x)[..., 10:30], lp[..., 10:30])
+
+
+def test_a_pre_norm_stack_without_final_norm():
+    from seqmix.mixers import SelfAttention
+    from seqmix.models.decoder_only import DecoderOnly
+
+    decoder = {"layers": 1, "ffn_dim": 8, "heads": 2, "normalize_before": True,
+               "mixer": functools.partial(SelfAttention)}
+    assert DecoderOnly(V, PAD, D, decoder).decoder.layer_norm is not None  # the default keeps it
+    assert DecoderOnly(V, PAD, D, {**decoder, "final_norm": False}).decoder.layer_norm is None
