@@ -217,6 +217,16 @@ CASES = [
          ("device=cuda is not usable here",), env=(("CUDA_VISIBLE_DEVICES", ""),)),
     Case("misspelled generate option", "generate.py", lambda m: ["ckpt_path=CKPT", "beam_sise=3"],
          ("beam_sise", "did you mean beam_size")),
+    # issue 36: n-best lists, sampling and forced prefixes that cannot be served
+    Case("an n-best list longer than the beam", "generate.py", lambda m: ["ckpt_path=CKPT", "nbest=5", "beam_size=2"],
+         ("nbest=5 is more than the beam keeps (beam_size=2)", "raise beam_size")),
+    Case("sampling together with a beam", "generate.py",
+         lambda m: ["ckpt_path=CKPT", "sampling=true", "beam_size=5"], ("drop beam_size=5", "nbest=N gives N samples")),
+    Case("a forced prefix without references", "generate.py",
+         lambda m: ["ckpt_path=CKPT", f"input={m / 'one_reference.txt'}", "prefix_size=1"],
+         ("prefix_size=1", "give reference=<file>")),
+    Case("an unknown output format", "generate.py", lambda m: ["ckpt_path=CKPT", "output_format=xml"],
+         ("output_format='xml'", "'jsonl'")),
     # --- preprocess.py --------------------------------------------------------------------------------------
     Case("preprocess an unknown task", "preprocess.py", lambda m: ["task=multi30k_ende_x"],
          ("task=multi30k_ende_x", "did you mean multi30k_ende")),

@@ -13,6 +13,7 @@ from seqmix.average import checkpoints_to_average
 from seqmix.config.build import task_from_checkpoint
 from seqmix.config.ensemble import load_checkpoints
 from seqmix.errors import SeqmixError
+from seqmix.generation.options import DecodeRequest, SamplingOptions
 from seqmix.generation.scoring import ScoredCorpus
 from seqmix.tasks import LanguageModelingTask, SummarizationTask, TranslationTask
 from seqmix.training.checkpoints import average_checkpoints
@@ -41,9 +42,13 @@ def load(checkpoint: PathLike | list[PathLike] | None = None, *, average: list[P
 
 
 class Model:
-    """A trained model: ``translate`` / ``summarize`` (sequence-to-sequence), ``perplexity`` (language models).
-    Inputs are plain text; batches are formed by tokens inside (``max_tokens``); decoding options default to the
-    checkpoint's task settings (``model.settings()`` says them) and any of them can be given per call."""
+    """A trained model: ``translate`` / ``summarize`` (sequence-to-sequence), ``perplexity`` (language models),
+    ``sample`` (both: sampled translations, or continuations of prompts), ``score``. Inputs are plain text; batches
+    are formed by tokens inside (``max_tokens``); decoding options default to the checkpoint's task settings
+    (``model.settings()`` says them) and any of them can be given per call.
+
+    Outputs are strings, one per input; with ``nbest > 1`` or ``with_scores=True`` each input gets a list of
+    :class:`~seqmix.generation.decode.TextHypothesis` (``text``, ``score``, ``positional_scores``), best first."""
 
     def __init__(self, task, config) -> None:
         self.task = task
@@ -74,11 +79,23 @@ class Model:
         """What decoding runs with under ``options`` (the rest from the checkpoint's task)."""
         return self.task.decoding_settings(**options)
 
-    def translate(self, sentences: list[str] | str, max_tokens: int = 8000, **options) -> list[str] | str:
+    def translate(self, sentences: list[str] | str, max_tokens: int = 8000, nbest: int = 1,
+                  with_scores: bool = False, **options):
         """Translations of ``sentences`` (a string gives a string) with the checkpoint's decoding settings, any of
-        them overridden by ``options`` (beam_size, len_penalty, max_len_a, max_len_b, ...)."""
-        self._require(TranslationTask, "translate", "it is a language model: use perplexity()")
-        return self._decode(sentences, max_tokens, options)
+        them overridden by ``options`` (beam_size, len_penalty, max_len_a, max_len_b, ...); ``nbest`` > 1 or
+        ``with_scores``: the beam's ``nbest`` best hypotheses of each, with scores (see the class)."""
+        self._require(TranslationTask, "translate", "it is a language model: use perplexity() or sample()")
+        return self._decode(sentences, max_tokens, options, DecodeRequest(nbest), with_scores)
+
+    def sample(self, inputs: list[str] | str, top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0,
+               seed: int | None = None, nbest: int = 1, with_scores: bool = False, max_tokens: int = 8000,
+               **options):
+        """Sampled outputs: translations (summaries) of sources, or a language model's continuations of prompts;
+        ``nbest`` independent samples each. The draw is cut to ``top_k`` tokens (0: no cut) and to probability
+        ``top_p`` at ``temperature``; ``seed`` repeats it for the same inputs and ``max_tokens``. ``options``: length
+        bounds and bans (max_len_b, min_len_b, no_repeat_ngram_size, len_penalty for the score)."""
+        request = DecodeRequest(nbest, SamplingOptions(top_k, top_p, temperature, seed))
+        return self._decode(inputs, max_tokens, options, request, with_scores)
 
     def summarize(self, documents: list[str] | str, max_tokens: int = 8000, **options) -> list[str] | str:
         """Summaries of ``documents``, truncated as in training, with the task's length bounds and options."""
@@ -110,12 +127,18 @@ class Model:
         with torch.inference_mode():
             return self.task.score_texts(sources, targets, max_tokens, **options)
 
-    def _decode(self, texts: list[str] | str, max_tokens: int, options: dict) -> list[str] | str:
+    def _decode(self, texts: list[str] | str, max_tokens: int, options: dict, request: DecodeRequest | None = None,
+                with_scores: bool = False):
+        """The task's ``decode_outputs`` (what generate.py writes), as strings or hypothesis lists."""
         given = _as_list(texts)
         if not all(isinstance(t, str) for t in given):
             raise SeqmixError("give the inputs as a string or a list of strings")
         with torch.inference_mode():
-            outputs, _ = self.task.evaluate_texts(given, None, max_tokens, **options)
+            outputs, _ = self.task.decode_outputs(given, None, max_tokens, request=request, **options)
+        if outputs is None:
+            raise SeqmixError(f"{self.name} gives no outputs for these options: use perplexity() to score texts")
+        if not (with_scores or (request is not None and request.nbest > 1)):
+            outputs = [hyps[0].text if hyps else "" for hyps in outputs]
         return outputs[0] if isinstance(texts, str) else outputs
 
     def _require(self, kind: type, method: str, otherwise: str) -> None:

@@ -1,10 +1,13 @@
 """`python generate.py`: rebuild a task from its checkpoint and run it on a split or a file: decode and score
-(translation: BLEU, summarization: ROUGE) or measure perplexity (language modeling)."""
+(translation: BLEU, summarization: ROUGE) or measure perplexity (language modeling; with decoding options it
+continues the lines). The task's ``decode_outputs`` gives each input's hypotheses (n-best, samples, forced
+prefixes), which this module writes as ``output_format`` says: text, jsonl or fairseq-generate's lines."""
 
 from __future__ import annotations
 
 import gzip
 import inspect
+import json
 import sys
 import time
 from dataclasses import replace
@@ -21,7 +24,8 @@ from seqmix.config.schema import check_generate_config
 from seqmix.data.distilled import write_distilled
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
-from seqmix.generation.options import DECODING_OPTIONS
+from seqmix.generation.decode import TextHypothesis
+from seqmix.generation.options import DECODING_OPTIONS, DecodeRequest, SamplingOptions
 from seqmix.models import count_parameters
 from seqmix.models.compiled import check_decoding_setting
 from seqmix.models.quantized import check_quantize, quantize_int8, quantized_linears
@@ -32,6 +36,56 @@ from seqmix.training.run_record import RECORD, record_evaluation
 # algorithms' options, and language modeling's context
 OVERRIDE_KEYS = (*DECODING_OPTIONS, "eval_context")
 DEFAULT_METRICS = ("chrf", "ter")  # metrics=null on a translation task
+SAMPLING_KEYS = ("top_k", "top_p", "temperature", "seed")
+
+
+def decode_request(cfg: DictConfig) -> DecodeRequest:
+    """nbest / sampling / prefix_size from the command line; sampling's keys without sampling=true are a mistake."""
+    sampling = None
+    if cfg.get("sampling"):
+        sampling = SamplingOptions(**{k: cfg[k] for k in SAMPLING_KEYS if cfg.get(k) is not None})
+    else:
+        given = [k for k in SAMPLING_KEYS if cfg.get(k) is not None]
+        if given:
+            raise SeqmixError(f"{', '.join(given)} shape sampling: add sampling=true (or drop them for beam search)")
+    request = DecodeRequest(int(cfg.get("nbest") or 1), sampling, int(cfg.get("prefix_size") or 0))
+    if cfg.input == "-" and (request.nbest > 1 or cfg.get("output_format", "text") != "text"):
+        raise SeqmixError("input=- prints one line per input line: use nbest=1 output_format=text there, or "
+                          "input=<file> for n-best lists and other formats")
+    return request
+
+
+def request_setting(request: DecodeRequest) -> dict:
+    """``decoding_settings``'s keyword for ``request``: none for plain decoding, which every task describes."""
+    return {} if request.plain else {"request": request}
+
+
+def format_outputs(fmt: str, sources: list[str], refs: list[list[str]] | None,
+                   outputs: list[list[TextHypothesis]]) -> str:
+    """The hypotheses file. text: each hypothesis on its own line (nbest lines per input, best first); jsonl: one
+    object per input; fairseq: fairseq-generate's S/T/H/D/P lines (scores in nats, H the vocabulary pieces)."""
+    if fmt == "text":
+        return "".join(h.text + "\n" for hyps in outputs for h in hyps)
+    lines = []
+    for i, (source, hyps) in enumerate(zip(sources, outputs)):
+        ref = refs[i][0] if refs is not None and refs[i] else None
+        if fmt == "jsonl":
+            record = {"id": i, "source": source, **({"reference": ref} if ref is not None else {}),
+                      "hypotheses": [{"text": h.text, "score": h.score, "positional_scores": h.positional_scores}
+                                     for h in hyps]}
+            lines.append(json.dumps(record, ensure_ascii=False))
+            continue
+        lines.append(f"S-{i}\t{source}")
+        if ref is not None:
+            lines.append(f"T-{i}\t{ref}")
+        for h in hyps:
+            score = "nan" if h.score is None else f"{h.score:.6f}"
+            pieces = " ".join(h.pieces) if h.pieces is not None else h.text
+            lines.append(f"H-{i}\t{score}\t{pieces}")
+            lines.append(f"D-{i}\t{score}\t{h.text}")
+            if h.positional_scores is not None:
+                lines.append(f"P-{i}\t{' '.join(f'{x:.4f}' for x in h.positional_scores)}")
+    return "".join(line + "\n" for line in lines)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -96,20 +150,24 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict) -> None:
-    """``input=-``: translate (summarize) each stdin line as soon as it arrives, one output line per input line on
-    stdout, flushed (fairseq-interactive); the same tokenizer and decoding settings as a file. Ends at end of input."""
+def interactive(task, train_cfg: DictConfig, max_tokens: int, overrides: dict, request: DecodeRequest) -> None:
+    """``input=-``: translate (summarize; a language model given decoding options: continue) each stdin line as soon
+    as it arrives, one output line per input line on stdout, flushed (fairseq-interactive); the same tokenizer and
+    decoding settings as a file. Ends at end of input."""
     from seqmix.tasks.language_modeling import LanguageModelingTask
 
-    if isinstance(task, LanguageModelingTask):
+    if isinstance(task, LanguageModelingTask) and not task.continues(request, overrides):
         raise SeqmixError(f"input=- decodes text, and {train_cfg.task.name} is a language model: score a file with "
-                          "input=<file>")
+                          "input=<file>, or continue each line with decoding options (sampling=true, beam_size=...)")
     print(f"model: {train_cfg.model.name}, task {train_cfg.task.name}: reading lines from stdin", file=sys.stderr,
           flush=True)
     for line in iter(sys.stdin.readline, ""):
         source = line.rstrip("\r\n")
-        outputs = task.evaluate_texts([source], None, max_tokens, **overrides)[0] if source.strip() else [""]
-        print(outputs[0], flush=True)
+        text = ""
+        if source.strip():
+            hyps = task.decode_outputs([source], None, max_tokens, request=request, **overrides)[0][0]
+            text = hyps[0].text if hyps else ""
+        print(text, flush=True)
 
 
 def set_paper_bleu(task, kinds) -> None:
@@ -132,13 +190,15 @@ def set_extra_metrics(task, names) -> None:
     task.extra_metrics = tuple(names)
 
 
-def print_decoding_settings(task, overrides: dict, stream) -> None:
+def print_decoding_settings(task, overrides: dict, request: DecodeRequest, stream) -> None:
     """One line: what the task decodes with, and which of it the command line set (the rest is the checkpoint's
     task settings). On stderr for input=-, whose stdout holds only the outputs."""
-    settings = task.decoding_settings(**overrides)
+    settings = task.decoding_settings(**overrides, **request_setting(request))
     if not settings:
         return
-    given = f"; from the command line: {', '.join(overrides)}" if overrides else ""
+    names = [*overrides, *(["nbest"] if request.nbest > 1 else []), *(["sampling"] if request.sampling else []),
+             *(["prefix_size"] if request.prefix_size else [])]
+    given = f"; from the command line: {', '.join(names)}" if names else ""
     print(f"decoding: {settings} (the checkpoint's task settings{given})", file=stream, flush=True)
 
 
@@ -151,7 +211,8 @@ def print_ensemble(ckpt_path, stream) -> None:
 
 def generate(cfg: DictConfig) -> float | None:
     check_generate_config(cfg)
-    check_score_reference(cfg)
+    request = decode_request(cfg)
+    check_score_reference(cfg, request)
     task, train_cfg = load_checkpoints(cfg.ckpt_path, cfg.average_last, cfg.get("average_updates", False))
     print_ensemble(cfg.ckpt_path, sys.stderr if cfg.input == "-" else sys.stdout)
     if cfg.get("distill_dir") and cfg.input:
@@ -167,33 +228,33 @@ def generate(cfg: DictConfig) -> float | None:
     set_paper_bleu(task, cfg.get("paper_bleu"))
     set_extra_metrics(task, cfg.get("metrics"))
     overrides = {k: cfg[k] for k in OVERRIDE_KEYS if cfg.get(k) is not None}
-    print_decoding_settings(task, overrides, sys.stderr if cfg.input == "-" else sys.stdout)
+    print_decoding_settings(task, overrides, request, sys.stderr if cfg.input == "-" else sys.stdout)
     if cfg.get("max_sentences"):
-        if "max_sentences" not in inspect.signature(task.evaluate_texts).parameters:
+        if "max_sentences" not in inspect.signature(task.decode_outputs).parameters:
             raise SeqmixError(f"max_sentences= does not apply to {type(task).__name__}")
         overrides["max_sentences"] = int(cfg.max_sentences)
     if cfg.input == "-":
-        return interactive(task, train_cfg, int(cfg.max_tokens), overrides)
+        return interactive(task, train_cfg, int(cfg.max_tokens), overrides, request)
     sources, refs = read_inputs(cfg, train_cfg)
     if cfg.get("score_reference"):
         return score_references(cfg, task, sources, refs, overrides)
     start = time.perf_counter()
-    outputs, report = task.evaluate_texts(sources, refs, int(cfg.max_tokens), **overrides)
+    outputs, report = task.decode_outputs(sources, refs, int(cfg.max_tokens), request=request, **overrides)
     elapsed = time.perf_counter() - start
     print(f"model: {train_cfg.model.name} ({parameters:,} parameters), task {train_cfg.task.name}")
     print(f"processed {len(sources)} inputs in {elapsed:.1f}s ({len(sources) / max(elapsed, 1e-9):.1f}/s)")
     if outputs is not None:
         out_path = Path(cfg.output)
-        atomic_write_text(out_path, "".join(h + "\n" for h in outputs))
+        atomic_write_text(out_path, format_outputs(cfg.get("output_format", "text"), sources, refs, outputs))
         print(f"hypotheses: {out_path}")
         if cfg.get("distill_dir"):
-            distill(cfg, train_cfg, sources, outputs)
+            distill(cfg, train_cfg, sources, [hyps[0].text if hyps else "" for hyps in outputs])
     if report is None:
         return None
     print(report.headline)
     for line in report.details:
         print(line)
-    record_in_run(cfg, task.decoding_settings(**overrides), report)
+    record_in_run(cfg, task.decoding_settings(**overrides, **request_setting(request)), report)
     return report.score
 
 

@@ -11,14 +11,18 @@ from omegaconf import DictConfig
 
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
+from seqmix.generation.options import DecodeRequest
 from seqmix.generation.scoring import ScoredCorpus
 from seqmix.tasks.language_modeling import LanguageModelingTask
 
 
-def check_score_reference(cfg: DictConfig) -> None:
+def check_score_reference(cfg: DictConfig, request: DecodeRequest | None = None) -> None:
     """The settings that cannot go with scoring references, refused before anything is loaded."""
     if not cfg.get("score_reference"):
         return
+    if request is not None and not request.plain:
+        raise SeqmixError("score_reference=true scores the references instead of decoding: drop nbest=, sampling= "
+                          "and prefix_size=")
     if cfg.input == "-":
         raise SeqmixError("score_reference=true scores given references: use input=<file> reference=<file> or a "
                           "split, not input=-")

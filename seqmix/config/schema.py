@@ -278,6 +278,9 @@ GENERATE = {
     "ckpt_path": AnyOf((TEXT, ListOf(TEXT, min_length=1))), "score_reference": FLAG,
     "reference": maybe(TEXT), "distill_dir": maybe(TEXT), "paper_bleu": PAPER_BLEU,
     "metrics": maybe(ListOf(Choice(METRICS))), "quantize": maybe(Choice(QUANTIZE_CHOICES)),
+    "nbest": COUNT, "sampling": FLAG, "top_k": maybe(COUNT0), "top_p": maybe(Number(0, 1, open_low=True)),
+    "temperature": maybe(Number(0, open_low=True)), "seed": maybe(SEED), "prefix_size": COUNT0,
+    "output_format": Choice(("text", "jsonl", "fairseq")),
     **{f"data.{k}": v for k, v in DATA_SOURCE.items()},  # another copy of the task's data (data.path=...)
 }
 # Keys no rule types, and why: each is checked where it is read (with its own seqmix error) or is Hydra's

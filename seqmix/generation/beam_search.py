@@ -10,6 +10,12 @@ instead of only when ranking the first ``beam_size`` finished hypotheses: a sent
 hypothesis can still beat its worst finished one under that score, and a better late hypothesis replaces a
 worse early one. Plain fairseq stopping keeps the first finished (short) hypotheses even when
 ``len_penalty > 1`` would prefer longer ones. It never lowers the best score (live beams are the same).
+
+A ``prefix`` (rows of token ids, right-padded) forces each sentence's first tokens. As output (fairseq's
+--prefix-size) they are part of the hypothesis, scored with the model's log-probabilities and counted in its length;
+as ``context`` (a language model's prompt) they are only read: the hypothesis, its score and its length bounds are
+the continuation's. The search's steps (:meth:`BeamSearch._next_lprobs`, ``_candidates``, ``_keep_live``) are
+separate so that sampling (``seqmix.generation.sampling``) reuses the loop and changes only how rows extend.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqmix.errors import SeqmixError
 from seqmix.generation.options import BeamOptions
 
 
@@ -64,6 +71,9 @@ class _Beams:
     rows_max: Tensor
     max_len: Tensor  # (B,)
     finalized: list[list[Hypothesis]]  # of each live sentence (finished sentences leave the batch)
+    prefix: Tensor | None = None  # (B * k, P): forced first tokens, pad past each row's prefix_len
+    prefix_len: Tensor | None = None  # (B * k,)
+    context: Tensor | None = None  # (B,): leading tokens that are context, not output (0 without)
 
 
 class BeamSearch:
@@ -80,21 +90,34 @@ class BeamSearch:
         self.incremental = incremental
         self.max_target_positions = max_target_positions
 
-    def length_bounds(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def length_bounds(self, src_tokens: Tensor, prefix_len: Tensor | None = None,
+                      context: bool = False) -> tuple[Tensor, Tensor]:
+        """(min, max) tokens per sentence, eos not counted, from the start: a context prefix adds its length to
+        both; an output prefix raises the maximum to leave one free step after it."""
         o = self.options
         src_len = src_tokens.ne(self.pad).sum(1).float()
         max_len = (o.max_len_a * src_len + o.max_len_b).long()
+        min_len = (o.min_len_a * src_len + o.min_len_b).long().clamp(min=0)
+        if prefix_len is not None:
+            if context:
+                max_len, min_len = max_len + prefix_len, min_len + prefix_len
+            else:
+                max_len = max_len.maximum(prefix_len + 1)
         if self.max_target_positions is not None:
+            if prefix_len is not None and bool((prefix_len + 1 > self.max_target_positions - 1).any()):
+                raise SeqmixError(f"a forced prefix of {int(prefix_len.max())} tokens leaves no room in the model's "
+                                  f"{self.max_target_positions} target positions; shorten it")
             max_len = max_len.clamp(max=self.max_target_positions - 1)
         max_len = max_len.clamp(min=1)
-        min_len = (o.min_len_a * src_len + o.min_len_b).long().clamp(min=0)
         return min_len.minimum(max_len), max_len
 
     @torch.no_grad()
-    def generate(self, model, src_tokens: Tensor) -> list[list[Hypothesis]]:
-        """Best-first hypotheses for each source row."""
+    def generate(self, model, src_tokens: Tensor, prefix: Tensor | None = None,
+                 context: bool = False) -> list[list[Hypothesis]]:
+        """Best-first hypotheses for each source row; ``prefix`` (B, P) forces each row's first tokens (pad after
+        its end), as ``context`` or as output (see the module's docstring)."""
         k = self.options.beam_size
-        beams = self._start(src_tokens)
+        beams = self._start(src_tokens, prefix, context)
         steps = int(beams.max_len.max())
         encoder_out = beam_encoder_out(model, model.encode(src_tokens), k)
         state = model.init_decoder_state(encoder_out) if self.incremental else None
@@ -127,23 +150,33 @@ class BeamSearch:
         beams.tokens, beams.pos_scores = beams.tokens[rows], beams.pos_scores[rows]
         beams.rows_min, beams.rows_max = beams.rows_min[rows], beams.rows_max[rows]
         beams.cum, beams.done, beams.max_len = beams.cum[keep], beams.done[keep], beams.max_len[keep]
+        if beams.prefix is not None:
+            beams.prefix, beams.prefix_len, beams.context = beams.prefix[rows], beams.prefix_len[rows], beams.context[keep]
         beams.finalized = [beams.finalized[i] for i in keep.tolist()]  # the same lists: results fill in place
         return keep, rows
 
-    def _start(self, src_tokens: Tensor) -> _Beams:
+    def _start(self, src_tokens: Tensor, prefix: Tensor | None = None, context: bool = False) -> _Beams:
         """Every row holds the start symbol; at step 0 the k rows of a sentence are the same prefix, so only one is
         live."""
         bsz, k = src_tokens.size(0), self.options.beam_size
         device = src_tokens.device
-        min_len, max_len = self.length_bounds(src_tokens)
+        prefix_len = None
+        if prefix is not None:
+            prefix = prefix.to(device)
+            prefix_len = prefix.ne(self.pad).sum(1)
+        min_len, max_len = self.length_bounds(src_tokens, prefix_len, context)
         steps = int(max_len.max())
         tokens = torch.full((bsz * k, steps + 2), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.start
         cum = torch.zeros(bsz, k, device=device)
         cum[:, 1:] = -math.inf
-        return _Beams(tokens, torch.zeros(bsz * k, steps + 1, device=device), cum,
-                      torch.zeros(bsz, dtype=torch.bool, device=device), min_len.repeat_interleave(k),
-                      max_len.repeat_interleave(k), max_len, [[] for _ in range(bsz)])
+        beams = _Beams(tokens, torch.zeros(bsz * k, steps + 1, device=device), cum,
+                       torch.zeros(bsz, dtype=torch.bool, device=device), min_len.repeat_interleave(k),
+                       max_len.repeat_interleave(k), max_len, [[] for _ in range(bsz)])
+        if prefix is not None:
+            beams.prefix, beams.prefix_len = prefix.repeat_interleave(k, 0), prefix_len.repeat_interleave(k)
+            beams.context = prefix_len if context else torch.zeros_like(prefix_len)
+        return beams
 
     def _next_lprobs(self, model, beams: _Beams, encoder_out, state, step: int) -> Tensor:
         """(B * k, V) log-probabilities of each row's next token, with the moves it may not make at -inf."""
@@ -152,6 +185,13 @@ class BeamSearch:
         else:
             logits = model.decode(beams.tokens[:, : step + 1], encoder_out)[:, -1]
         lprobs = F.log_softmax(logits.float(), dim=-1)
+        forced = None
+        if beams.prefix is not None and step < beams.prefix.size(1):
+            rows = (beams.prefix_len > step).nonzero().flatten()
+            if rows.numel():
+                tok = beams.prefix[rows, step]
+                context = beams.context[rows // beams.cum.size(1)] > 0
+                forced = rows, tok, lprobs[rows, tok].masked_fill(context, 0.0)
         lprobs[:, self.pad] = -math.inf
         lprobs[:, self.bos] = -math.inf
         lprobs[beams.rows_min > step, self.eos] = -math.inf
@@ -162,6 +202,10 @@ class BeamSearch:
             lprobs[at_max, self.eos] = eos_col
         if self.options.no_repeat_ngram_size > 0:
             ban_repeated_ngrams(lprobs, beams.tokens[:, 1: step + 1], self.options.no_repeat_ngram_size)
+        if forced is not None:  # the prefix's token is the only move, with its own log-probability (context: 0)
+            rows, tok, scores = forced
+            lprobs[rows] = -math.inf
+            lprobs[rows, tok] = scores
         return lprobs
 
     def _candidates(self, beams: _Beams, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -208,11 +252,12 @@ class BeamSearch:
         beams.pos_scores[:, step] = keep_scores.flatten() - prev_cum
         beams.cum = keep_scores
         if self.options.stepwise_len_penalty:
-            beams.done |= self._cannot_improve(beams.finalized, beams.cum, step, beams.max_len)
+            beams.done |= self._cannot_improve(beams.finalized, beams.cum, step, beams.max_len, beams.context)
         beams.cum[beams.done] = -math.inf
         return rows
 
-    def _cannot_improve(self, finalized: list[list[Hypothesis]], cum: Tensor, step: int, max_len: Tensor) -> Tensor:
+    def _cannot_improve(self, finalized: list[list[Hypothesis]], cum: Tensor, step: int, max_len: Tensor,
+                        context: Tensor | None = None) -> Tensor:
         """Per sentence: beam_size hypotheses finished and none of its live ones (cumulative log-prob ``cum``,
         which only falls) can reach the worst of them at any length it may still end at."""
         alpha = self.options.len_penalty
@@ -223,6 +268,7 @@ class BeamSearch:
             best_live = float(cum[b].max())
             # score = cum / len**alpha with cum <= 0: the best length is the longest for alpha > 0, else the shortest
             length = int(max_len[b]) + 1 if alpha > 0 else step + 2
+            length -= 0 if context is None else int(context[b])  # a prompt is not counted
             out[b] = best_live / (length**alpha) <= min(h.score for h in hyps)
         return out
 
@@ -235,10 +281,12 @@ class BeamSearch:
                 continue
             row = int(top_rows[b, j])
             total = float(top_scores[b, j])
-            seq = torch.cat([tokens[row, 1: step + 1], tokens.new_tensor([self.eos])])
+            ctx = 0 if beams.context is None else int(beams.context[b])  # a prompt's tokens are not output
+            seq = torch.cat([tokens[row, 1 + ctx: step + 1], tokens.new_tensor([self.eos])])
             scores = pos_scores[row, : step + 1].clone()
             scores[step] = total - float(flat_cum[row])
-            length = step + 1
+            scores = scores[ctx:]
+            length = step + 1 - ctx
             hyp = Hypothesis(seq, total / (length ** self.options.len_penalty), scores)
             if full:  # stepwise: a better hypothesis replaces the worst finished one
                 worst = min(range(len(finalized[b])), key=lambda i: finalized[b][i].score)

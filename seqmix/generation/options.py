@@ -58,6 +58,48 @@ class NATOptions:
         return self
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Ancestral sampling (``seqmix.generation.sampling``): each step draws from the model's next-token distribution
+    at ``temperature``, cut to the ``top_k`` most likely tokens (0: all) and then to the smallest set whose
+    probability reaches ``top_p``; ``seed`` makes the draws repeatable (None: torch's global generator)."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
+            raise SeqmixError(f"top_k={self.top_k!r} must be a whole number >= 0 (0: no cut)")
+        if not 0 < float(self.top_p) <= 1:
+            raise SeqmixError(f"top_p={self.top_p!r} must be in (0, 1]")
+        if not float(self.temperature) > 0 or float(self.temperature) == float("inf"):
+            raise SeqmixError(f"temperature={self.temperature!r} must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """What to return beyond the best hypothesis: ``nbest`` hypotheses per input (beam search: the best of the
+    beam, in rank order; sampling: independent samples), ``sampling`` instead of beam search, and the first
+    ``prefix_size`` tokens of each reference forced (fairseq's --prefix-size)."""
+
+    nbest: int = 1
+    sampling: SamplingOptions | None = None
+    prefix_size: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nbest, bool) or int(self.nbest) != self.nbest or self.nbest < 1:
+            raise SeqmixError(f"nbest={self.nbest!r} must be a whole number >= 1")
+        if isinstance(self.prefix_size, bool) or int(self.prefix_size) != self.prefix_size or self.prefix_size < 0:
+            raise SeqmixError(f"prefix_size={self.prefix_size!r} must be a whole number >= 0")
+
+    @property
+    def plain(self) -> bool:
+        """Only the best hypothesis of plain beam search: what every decoder offers."""
+        return self == DecodeRequest()
+
+
 # every name generate.py may pass to a translation task (the union over the decoding algorithms)
 DECODING_OPTIONS = tuple(dict.fromkeys(f.name for cls in (BeamOptions, NATOptions) for f in fields(cls)))
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from seqmix.errors import SeqmixError
+from seqmix.generation.decode import TextHypothesis
 from seqmix.layers.host_reads import read_interval
 from seqmix.models.compiled import compile_for_training, enabled
 
@@ -286,6 +287,20 @@ class SeqmixTask(L.LightningModule, ABC):
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int,
                        **settings) -> tuple[list[str] | None, Report | None]:
         """``generate.py``: (one output line per source, or None) and a report when it can be scored."""
+
+    def decode_outputs(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
+                       max_sentences: int | None = None, request=None, **settings) -> tuple[list | None, Report | None]:
+        """``generate.py`` and the Python API: per source its hypotheses (``seqmix.generation.decode.TextHypothesis``,
+        what ``request``, a ``DecodeRequest``, asks for) or None, and the report; tasks that decode override it.
+        This default offers only ``evaluate_texts``'s outputs, without scores."""
+        if request is not None and not request.plain:
+            raise SeqmixError(f"{type(self).__name__} gives one output per input: drop nbest=, sampling=, prefix_size=")
+        if max_sentences is not None:
+            settings["max_sentences"] = max_sentences
+        outputs, report = self.evaluate_texts(sources, references, max_tokens, **settings)
+        if outputs is None:
+            return None, report
+        return [[TextHypothesis(text)] for text in outputs], report
 
     def decoding_settings(self, **settings) -> str:
         """One line of what ``evaluate_texts`` runs with under ``settings`` (the task's own, each given one

@@ -3,6 +3,10 @@
 Perplexity is exp(total NLL / number of predicted tokens) over every token of the split, ``</s>`` included,
 in the vocabulary's units (words for a word-level vocabulary, subwords for BPE). How much history each token
 sees is set by ``tokens_per_sample`` and ``eval_context`` (see ``seqmix.data.lm_blocks``).
+
+Given decoding options (any beam option, ``nbest``, or sampling), a language model continues each input line
+instead (:meth:`LanguageModelingTask.decode_outputs`): the line is the prompt, read behind ``</s>`` as a line
+begins in training, and beam search or sampling extends it by at most ``max_len_b`` new tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ from seqmix.data import PairDataset
 from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.lm_blocks import collate_blocks, make_blocks
 from seqmix.errors import SeqmixError
+from seqmix.generation import BeamSearch
+from seqmix.generation.continuation import PromptedLanguageModel
+from seqmix.generation.decode import TextHypothesis, beam_translator, decode_dataset
+from seqmix.generation.options import BeamOptions, DecodeRequest, option_names, overridden, settings_text
+from seqmix.generation.sampling import Sampler
 from seqmix.generation.scoring import ScoredCorpus, lm_token_log_probs, score_dataset
 from seqmix.metrics import perplexity
 from seqmix.tasks.base import Report, SeqmixTask
@@ -50,10 +59,72 @@ class LanguageModelingTask(SeqmixTask):
     def corpus_report(self, split: str, prefix: str, by_id: dict, nll: float, ntokens: int) -> Report:
         return self._report(nll, ntokens, self.eval_context)
 
-    def decoding_settings(self, eval_context: int | None = None, **_) -> str:
+    def decoding_settings(self, eval_context: int | None = None, request: DecodeRequest | None = None,
+                          **overrides) -> str:
+        if self.continues(request, overrides):
+            options = self.continuation_options(**overrides)
+            if request is not None and request.sampling is not None:
+                s = request.sampling
+                return (f"continuation by sampling nbest={request.nbest} top_k={s.top_k} top_p={s.top_p} "
+                        f"temperature={s.temperature} seed={s.seed} max_len_b={options.max_len_b} "
+                        f"min_len_b={options.min_len_b}")
+            nbest = f" nbest={request.nbest}" if request is not None and request.nbest > 1 else ""
+            return f"continuation by beam search {settings_text(options)}{nbest}"
         context = self.eval_context if eval_context is None else int(eval_context)
         return (f"perplexity tokens_per_sample={self.tokens_per_sample} break_mode={self.break_mode} "
                 f"eval_context={context}")
+
+    # --- continuation --------------------------------------------------------------------------
+    @staticmethod
+    def continues(request: DecodeRequest | None, overrides: dict) -> bool:
+        """The rule: decoding options (nbest, sampling, or any beam option given) mean continue the lines; none
+        mean measure their perplexity."""
+        beam = set(option_names(BeamOptions))
+        return (request is not None and not request.plain) or any(overrides.get(k) is not None for k in beam)
+
+    def continuation_options(self, **overrides) -> BeamOptions:
+        """Beam search's defaults (beam 5, at most 200 new tokens), with ``overrides``; lengths count new tokens."""
+        return overridden(BeamOptions(), overrides, "a language model's continuation")
+
+    @torch.inference_mode()
+    def decode_outputs(self, sources: list[str], references=None, max_tokens: int = 8000,
+                       max_sentences: int | None = None, request: DecodeRequest | None = None,
+                       eval_context: int | None = None, **overrides) -> tuple[list[list[TextHypothesis]] | None,
+                                                                              Report | None]:
+        """With decoding options (:meth:`continues`): per line its continuations (``request.nbest`` of them, best
+        first; scores are the continuation's log-probabilities given the line), no report. Without: no outputs and
+        the perplexity report of :meth:`evaluate_texts`."""
+        if not self.continues(request, overrides):
+            if max_sentences is not None:
+                raise SeqmixError("max_sentences= bounds decoding batches; perplexity is measured in blocks of "
+                                  "tokens_per_sample: drop it")
+            return self.evaluate_texts(sources, references, max_tokens, eval_context=eval_context)
+        request = request or DecodeRequest()
+        options = self.continuation_options(**overrides)
+        if request.prefix_size:
+            raise SeqmixError("prefix_size= forces the start of references; a language model continues each whole "
+                              "input line already: drop it")
+        if request.sampling is not None and overrides.get("beam_size") not in (None, 1):
+            raise SeqmixError(f"sampling=true draws samples instead of a beam search: drop beam_size="
+                              f"{overrides['beam_size']} (or set beam_size=1); nbest=N gives N samples per prompt")
+        if request.sampling is None and request.nbest > options.beam_size:
+            raise SeqmixError(f"nbest={request.nbest} is more than the beam keeps (beam_size={options.beam_size}): "
+                              f"raise beam_size to at least {request.nbest} or lower nbest")
+        tok = self.tokenizer
+        where = {"max_target_positions": self.model.max_positions, "start": tok.eos}
+        search = (Sampler(tok.bos, tok.eos, tok.pad, options, request.sampling, request.nbest, **where)
+                  if request.sampling is not None else BeamSearch(tok.bos, tok.eos, tok.pad, options, **where))
+        translate = beam_translator(PromptedLanguageModel(self.model), search, self.compile_decoding, context=True)
+        ids = tok.encode_batch(sources)
+        too_long = [i + 1 for i, t in enumerate(ids) if len(t) + 2 > self.model.max_positions - 1]
+        if too_long:
+            raise SeqmixError(f"{len(too_long)} prompts leave no room in the model's {self.model.max_positions} "
+                              f"positions (lines {too_long[:5]}...); shorten them")
+        dataset = PairDataset.from_lists(ids, ids, sources, sources, eos=tok.eos)
+        device = next(self.model.parameters()).device
+        decoded = decode_dataset(dataset, tok, translate, max_tokens, device, max_sentences, prefix_size=None,
+                                 nbest=request.nbest)
+        return [hyps[: request.nbest] for hyps in (decoded.nbest or [])], None
 
     @torch.inference_mode()
     def evaluate_texts(self, sources: list[str], references=None, max_tokens: int = 8000,

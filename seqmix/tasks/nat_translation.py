@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from seqmix.errors import SeqmixError
 from seqmix.generation.decode import Translate, nat_translator
 from seqmix.generation.nat_decoding import IterativeDecoder
-from seqmix.generation.options import BeamOptions, NATOptions, overridden, settings_text
+from seqmix.generation.options import BeamOptions, DecodeRequest, NATOptions, overridden, settings_text
 from seqmix.metrics import BleuOptions
 from seqmix.tasks.base import Report
 from seqmix.tasks.losses import label_smoothed_nll_loss
@@ -68,10 +68,16 @@ class NonAutoregressiveTranslationTask(TranslationTask):
         gen = self.generation  # the task's max_len_a/b also bound the candidate lengths
         return IterativeDecoder(self.nat_options(**overrides), max_len_a=gen.max_len_a, max_len_b=int(gen.max_len_b))
 
-    def translator(self, **overrides) -> Translate:
+    def translator(self, request: DecodeRequest | None = None, **overrides) -> Translate:
         return nat_translator(self.model, self.nat_decoder(**overrides), self.compile_decoding)
 
-    def decoding_settings(self, **overrides) -> str:
+    def check_request(self, request: DecodeRequest, references, **overrides) -> None:
+        """One output per source, found in parallel: no n-best list, samples or forced prefix."""
+        if not request.plain:
+            raise SeqmixError(f"{type(self.model).__name__} decodes iteratively in parallel: nbest=, sampling= and "
+                              "prefix_size= need an autoregressive model; drop them")
+
+    def decoding_settings(self, request: DecodeRequest | None = None, **overrides) -> str:
         gen = self.generation
         text = (f"iterative {settings_text(self.nat_options(**overrides))} max_len_a={gen.max_len_a} "
                 f"max_len_b={gen.max_len_b}")

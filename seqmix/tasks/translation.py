@@ -10,8 +10,16 @@ from torch import Tensor, nn
 from seqmix.data import PairDataset
 from seqmix.errors import SeqmixError
 from seqmix.generation import BeamSearch
-from seqmix.generation.decode import Translate, beam_translator, decode_dataset
-from seqmix.generation.options import BeamOptions, overridden, settings_text
+from seqmix.generation.decode import (
+    Decoded,
+    TextHypothesis,
+    Translate,
+    beam_translator,
+    best_tokens,
+    decode_dataset,
+)
+from seqmix.generation.options import BeamOptions, DecodeRequest, overridden, settings_text
+from seqmix.generation.sampling import Sampler
 from seqmix.generation.scoring import ScoredCorpus, score_dataset, token_log_probs
 from seqmix.metrics import BleuOptions, corpus_bleu, corpus_metric, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
@@ -80,20 +88,50 @@ class TranslationTask(SeqmixTask):
         """``task.generation`` with ``overrides`` (beam options such as beam_size) replacing its fields."""
         return overridden(self.generation, overrides, f"{type(self).__name__}'s beam search")
 
-    def beam_search(self, **overrides) -> BeamSearch:
-        """The task's beam search (``task.generation``) with ``overrides`` (beam options such as beam_size)."""
+    def beam_search(self, request: DecodeRequest | None = None, **overrides) -> BeamSearch:
+        """The task's beam search (``task.generation``) with ``overrides`` (beam options such as beam_size), or with
+        ``request.sampling`` a sampler of ``request.nbest`` samples under the same length bounds and bans."""
         options = self.beam_options(**overrides)
         tok = self.tokenizer
-        return BeamSearch(tok.bos, tok.eos, tok.pad, options,
-                          max_target_positions=getattr(self.model, "max_target_positions", None),
-                          start=self.decoder_start)
+        where = {"max_target_positions": getattr(self.model, "max_target_positions", None),
+                 "start": self.decoder_start}
+        if request is not None and request.sampling is not None:
+            return Sampler(tok.bos, tok.eos, tok.pad, options, request.sampling, request.nbest, **where)
+        return BeamSearch(tok.bos, tok.eos, tok.pad, options, **where)
 
-    def translator(self, **overrides) -> Translate:
+    def translator(self, request: DecodeRequest | None = None, **overrides) -> Translate:
         """The task's decoding algorithm for ``seqmix.generation.decode``, with ``overrides`` of its options."""
-        return beam_translator(self.model, self.beam_search(**overrides), self.compile_decoding)
+        return beam_translator(self.model, self.beam_search(request=request, **overrides), self.compile_decoding)
 
-    def decoding_settings(self, **overrides) -> str:
-        return f"beam search {settings_text(self.beam_options(**overrides))}"
+    def check_request(self, request: DecodeRequest, references, **overrides) -> None:
+        """What ``request`` asks must fit the decoding options: samples come instead of a beam, n-best from one."""
+        if request.sampling is not None:
+            if overrides.get("beam_size") not in (None, 1):
+                raise SeqmixError(f"sampling=true draws samples instead of a beam search: drop beam_size="
+                                  f"{overrides['beam_size']} (or set beam_size=1); nbest=N gives N samples per input")
+        elif request.nbest > self.beam_options(**overrides).beam_size:
+            beam = self.beam_options(**overrides).beam_size
+            raise SeqmixError(f"nbest={request.nbest} is more than the beam keeps (beam_size={beam}): raise "
+                              f"beam_size to at least {request.nbest} or lower nbest")
+        if request.prefix_size and references is None:
+            raise SeqmixError(f"prefix_size={request.prefix_size} forces the first tokens of each reference, and "
+                              "there are none: give reference=<file> with input=<file>, or a split of the task's data")
+
+    def decoding_settings(self, request: DecodeRequest | None = None, **overrides) -> str:
+        options = self.beam_options(**overrides)
+        if request is not None and request.sampling is not None:
+            s = request.sampling
+            text = (f"sampling nbest={request.nbest} top_k={s.top_k} top_p={s.top_p} temperature={s.temperature} "
+                    f"seed={s.seed} len_penalty={options.len_penalty} max_len_a={options.max_len_a} "
+                    f"max_len_b={options.max_len_b} min_len_a={options.min_len_a} min_len_b={options.min_len_b} "
+                    f"no_repeat_ngram_size={options.no_repeat_ngram_size}")
+        else:
+            text = f"beam search {settings_text(options)}"
+            if request is not None and request.nbest > 1:
+                text += f" nbest={request.nbest}"
+        if request is not None and request.prefix_size:
+            text += f" prefix_size={request.prefix_size}"
+        return text
 
     # --- evaluation ----------------------------------------------------------------------------
     def _decoding(self) -> bool:
@@ -103,7 +141,9 @@ class TranslationTask(SeqmixTask):
         """(hypothesis, decoder passes or None) per example."""
         if not self._decoding():
             return []
-        tokens, iterations = self.translator(**({} if self.trainer.testing else self.eval_generation))(batch["src_tokens"])
+        outputs, iterations = self.translator(**({} if self.trainer.testing else self.eval_generation))(
+            batch["src_tokens"], None)
+        tokens = [best_tokens(o) for o in outputs]
         hyps = [self.tokenizer.decode(t) if t is not None else "" for t in tokens]
         return list(zip(hyps, iterations or [None] * len(hyps)))
 
@@ -159,18 +199,40 @@ class TranslationTask(SeqmixTask):
     def evaluate_texts(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
                        max_sentences: int | None = None, **overrides) -> tuple[list[str], Report | None]:
         """Decode ``sources`` (``overrides``: decoding options such as beam_size) and score them when references
-        exist."""
-        translate = self.translator(**overrides)
-        ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
-        dataset = PairDataset.from_lists(ids, [[] for _ in ids], sources, ["" for _ in ids])
-        device = next(self.model.parameters()).device
-        decoded = decode_dataset(dataset, self.tokenizer, translate, max_tokens, device, max_sentences)
+        exist: the best hypothesis of :meth:`decode_outputs`."""
+        outputs, report = self.decode_outputs(sources, references, max_tokens, max_sentences, **overrides)
+        return [hyps[0].text if hyps else "" for hyps in outputs], report
+
+    @torch.inference_mode()
+    def decode_outputs(self, sources: list[str], references: list[list[str]] | None, max_tokens: int = 8000,
+                       max_sentences: int | None = None, request: DecodeRequest | None = None,
+                       **overrides) -> tuple[list[list[TextHypothesis]], Report | None]:
+        """Per source its hypotheses as ``request`` asks (default: the beam's best; ``nbest``, ``sampling``,
+        ``prefix_size``), with scores; the corpus report of the best ones when references exist. ``generate.py``
+        formats these; the Python API returns them."""
+        request = request or DecodeRequest()
+        self.check_request(request, references, **overrides)
+        decoded = self._decode(sources, references, max_tokens, max_sentences, request, overrides)
+        outputs = decoded.nbest or [[TextHypothesis(h)] for h in decoded.hypotheses]
+        outputs = [hyps[: request.nbest] for hyps in outputs]
         if references is None:
-            return decoded.hypotheses, None
+            return outputs, None
+        best = [hyps[0].text if hyps else "" for hyps in outputs]
         norm = self.tokenizer.normalize_reference
-        return decoded.hypotheses, self.decoding_report(decoded.hypotheses,
-                                                        [[norm(r) for r in refs] for refs in references], sources,
-                                                        decoded.iterations, **overrides)
+        return outputs, self.decoding_report(best, [[norm(r) for r in refs] for refs in references], sources,
+                                             decoded.iterations, **overrides)
+
+    def _decode(self, sources: list[str], references: list[list[str]] | None, max_tokens: int,
+                max_sentences: int | None, request: DecodeRequest, overrides: dict) -> Decoded:
+        translate = self.translator(request, **overrides)
+        ids = self.prepare_source_ids(self.tokenizer.encode_batch(sources))
+        targets = [[] for _ in ids]
+        if request.prefix_size:  # the dataset's targets are what decode_dataset forces the start of
+            targets = self.tokenizer.encode_target_batch([refs[0] if refs else "" for refs in references])
+        dataset = PairDataset.from_lists(ids, targets, sources, ["" for _ in ids], eos=self.tokenizer.eos)
+        device = next(self.model.parameters()).device
+        return decode_dataset(dataset, self.tokenizer, translate, max_tokens, device, max_sentences,
+                              prefix_size=request.prefix_size, nbest=request.nbest)
 
     @torch.inference_mode()
     def score_texts(self, sources: list[str], targets: list[str], max_tokens: int = 8000,

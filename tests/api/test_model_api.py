@@ -11,7 +11,7 @@ import torch
 
 import seqmix
 from seqmix.config.build import build_task
-from seqmix.data.tokenizer import train_tokenizer
+from seqmix.data.tokenizer import train_tokenizer, train_word_tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.interop.fairseq import save_seqmix_checkpoint
 from seqmix.training.checkpoints import write_averaged
@@ -141,3 +141,84 @@ def test_perplexity_is_the_exponent_of_the_mean_next_token_loss(lm_ckpt):
 def test_calls_that_do_not_fit_the_model_are_one_error(call, needle, translation_ckpts, lm_ckpt):
     with pytest.raises(SeqmixError, match=needle):
         call(seqmix.load(translation_ckpts[0]), seqmix.load(lm_ckpt))
+
+
+# --- n-best lists and sampling (issue 36): the same decode_outputs as generate.py ------------------------------------
+@pytest.fixture(scope="module")
+def word_ckpt(tmp_path_factory):
+    """A translation model over a word vocabulary: a hypothesis's text encodes back to its own tokens, so
+    Model.score can rescore it exactly."""
+    task = build_task(run_config(TINY), train_word_tokenizer(["a b c d e f g h", "h g f e d c b a"] * 20, 40))
+    torch.manual_seed(5)
+    for p in task.model.parameters():
+        p.data.normal_(0, 0.5)
+    path = tmp_path_factory.mktemp("words") / "w.ckpt"
+    save_seqmix_checkpoint(path, task)
+    return path
+
+
+def test_nbest_1_is_translate_and_the_nbest_list_starts_with_it(translation_ckpts):
+    model = seqmix.load(translation_ckpts[0])
+    best = model.translate(TEXTS, beam_size=4)
+    one = model.translate(TEXTS, beam_size=4, with_scores=True)
+    four = model.translate(TEXTS, beam_size=4, nbest=4)
+    assert [hyps[0].text for hyps in one] == best == [hyps[0].text for hyps in four]
+    assert all(len(h) == 1 for h in one) and all(len(h) == 4 for h in four)
+    for hyps in four:
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({h.text for h in hyps}) == 4
+    assert model.translate(TEXTS[0], beam_size=4, nbest=2)[0].text == best[0]
+
+
+@pytest.mark.parametrize("len_penalty", [1.0, 0.6])
+def test_nbest_scores_are_what_score_gives_the_hypotheses(word_ckpt, len_penalty):
+    model = seqmix.load(word_ckpt)
+    nbest = model.translate(TEXTS, beam_size=3, nbest=3, len_penalty=len_penalty)
+    for source, hyps in zip(TEXTS, nbest):
+        scored = model.score([source] * len(hyps), [h.text for h in hyps], len_penalty=len_penalty)
+        for h, s in zip(hyps, scored.sentences):
+            assert h.score == pytest.approx(s.score, abs=1e-5)
+            assert h.positional_scores == pytest.approx(s.positional_scores.tolist(), abs=1e-5)
+
+
+def test_sampling_with_top_k_1_is_greedy_translation_and_a_seed_repeats_samples(translation_ckpts):
+    model = seqmix.load(translation_ckpts[1])
+    assert model.sample(TEXTS, top_k=1) == model.translate(TEXTS, beam_size=1)
+    a = model.sample(TEXTS, seed=7, nbest=3, temperature=1.5)
+    assert a == model.sample(TEXTS, seed=7, nbest=3, temperature=1.5)
+    assert a != model.sample(TEXTS, seed=8, nbest=3, temperature=1.5)
+    assert all(len(samples) == 3 for samples in a)
+
+
+def test_sample_scores_are_what_score_gives_the_samples(word_ckpt):
+    model = seqmix.load(word_ckpt)
+    samples = model.sample(TEXTS, seed=1, nbest=2, top_p=0.9)
+    for source, hyps in zip(TEXTS, samples):
+        scored = model.score([source] * len(hyps), [h.text for h in hyps])
+        assert [h.score for h in hyps] == pytest.approx([s.score for s in scored.sentences], abs=1e-5)
+
+
+def test_a_language_model_samples_continuations_of_prompts(lm_ckpt):
+    model = seqmix.load(lm_ckpt)
+    prompts = ["a b", "c d e"]
+    greedy, _ = model.task.decode_outputs(prompts, None, beam_size=1, max_len_b=5)
+    assert model.sample(prompts, top_k=1, max_len_b=5) == [hyps[0].text for hyps in greedy]
+    samples = model.sample(prompts, seed=3, nbest=2, max_len_b=5, with_scores=True)
+    assert samples == model.sample(prompts, seed=3, nbest=2, max_len_b=5, with_scores=True)
+    for prompt, hyps in zip(prompts, samples):
+        for h in hyps:
+            assert h.text.startswith(prompt) and 2 <= len(h.positional_scores) <= 6
+            assert h.score == pytest.approx(sum(h.positional_scores) / len(h.positional_scores), abs=1e-6)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda m: m.translate(TEXTS, beam_size=2, nbest=3), "nbest=3 is more than the beam keeps"),
+    (lambda m: m.translate(TEXTS, nbest=0), "nbest=0 must be"),
+    (lambda m: m.sample(TEXTS, beam_size=4), "drop beam_size=4"),
+    (lambda m: m.sample(TEXTS, top_p=0), r"top_p=0 must be in \(0, 1\]"),
+    (lambda m: m.sample(TEXTS, top_k=-1), "top_k=-1"),
+    (lambda m: m.sample(TEXTS, temperature=0), "temperature=0"),
+])
+def test_decoding_requests_that_do_not_fit_are_one_error(call, needle, translation_ckpts):
+    with pytest.raises(SeqmixError, match=needle):
+        call(seqmix.load(translation_ckpts[0]))
