@@ -114,6 +114,21 @@ def test_to_and_half_move_the_weights_and_double_precision_decodes_the_same(tran
     assert model.device == torch.device("cpu") and "transformer_small" in repr(model)
 
 
+def test_quantize_decodes_with_int8_linears_and_scores_close_to_float32(translation_ckpts):
+    from seqmix.models.quantized import quantized_linears
+
+    model = seqmix.load(translation_ckpts[0])
+    hyps = model.translate(TEXTS)
+    full = model.score(TEXTS, hyps)
+    assert model.quantize() is model and quantized_linears(model.task.model) > 0
+    quantized = model.score(TEXTS, hyps)
+    for a, b in zip(full.sentences, quantized.sentences):
+        assert a.score != b.score and b.score == pytest.approx(a.score, abs=0.1)
+    assert all(isinstance(h, str) for h in model.translate(TEXTS))
+    with pytest.raises(SeqmixError, match="unknown"):
+        seqmix.load(translation_ckpts[0]).quantize("int4")
+
+
 def test_perplexity_is_the_exponent_of_the_mean_next_token_loss(lm_ckpt):
     model = seqmix.load(lm_ckpt)
     tok, net = model.tokenizer, model.task.model
