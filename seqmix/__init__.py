@@ -8,3 +8,10 @@ def load(*args, **kwargs):
     from seqmix.api import load as _load
 
     return _load(*args, **kwargs)
+
+
+def load_fairseq(*args, **kwargs):
+    """``seqmix.api.load_fairseq``: a fairseq checkpoint and its dictionaries, imported in memory."""
+    from seqmix.api import load_fairseq as _load_fairseq
+
+    return _load_fairseq(*args, **kwargs)

@@ -5,6 +5,7 @@ outputs."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,7 +25,8 @@ PathLike = str | os.PathLike
 
 def load(checkpoint: PathLike | list[PathLike] | None = None, *, average: list[PathLike] | None = None,
          average_last: int = 0, average_updates: bool = False, device: str | torch.device = "cpu") -> Model:
-    """A seqmix checkpoint (``best.ckpt``, an averaged or a fairseq-imported one), an ensemble of a list of them
+    """A seqmix checkpoint (``best.ckpt``, an averaged or a fairseq-imported one; a folder: a fairseq model, see
+    :func:`load_fairseq`), an ensemble of a list of them
     (as ``generate.py ckpt_path=[a,b]``), the mean of the checkpoint files in ``average``, or of the latest
     ``average_last`` epoch (``average_updates``: interval) checkpoints beside ``checkpoint``; in eval mode on
     ``device``."""
@@ -33,12 +35,33 @@ def load(checkpoint: PathLike | list[PathLike] | None = None, *, average: list[P
     if average is not None:
         paths = checkpoints_to_average([str(p) for p in average], None)
         task, config = task_from_checkpoint(average_checkpoints(paths), f"average of {', '.join(map(str, paths))}")
+    elif not isinstance(checkpoint, list | tuple) and Path(checkpoint).is_dir():
+        return load_fairseq(Path(checkpoint) / "checkpoint.pt", device=device)
     else:
         listed = [str(p) for p in checkpoint] if isinstance(checkpoint, list | tuple) else [str(checkpoint)]
         for path in listed:
             if not Path(path).is_file():
                 raise SeqmixError(f"seqmix.load: checkpoint {path} does not exist")
         task, config = load_checkpoints(listed if len(listed) > 1 else listed[0], average_last, average_updates)
+    return Model(task, config).to(device)
+
+
+def load_fairseq(checkpoint: PathLike, data_dir: PathLike | None = None, *, source_lang: str | None = None,
+                 target_lang: str | None = None, bpe_codes: PathLike | None = None, moses: bool = True,
+                 device: str | torch.device = "cpu") -> Model:
+    """A fairseq checkpoint with its dictionaries in ``data_dir`` (default: the checkpoint's folder, as a seqmix
+    export writes it), imported as ``python -m seqmix.interop.fairseq import`` does; ``seqmix.load(folder)`` calls
+    this for a folder holding ``checkpoint.pt``."""
+    from seqmix.interop.fairseq import import_checkpoint
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise SeqmixError(f"seqmix.load: fairseq checkpoint {checkpoint} does not exist")
+    with tempfile.TemporaryDirectory(prefix="seqmix-import-") as folder:
+        imported = Path(folder) / "imported.ckpt"
+        import_checkpoint(checkpoint, data_dir if data_dir is not None else checkpoint.parent, imported,
+                          source_lang, target_lang, None if bpe_codes is None else str(bpe_codes), moses)
+        task, config = load_checkpoints(str(imported), 0, False)
     return Model(task, config).to(device)
 
 

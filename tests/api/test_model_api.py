@@ -129,6 +129,22 @@ def test_quantize_decodes_with_int8_linears_and_scores_close_to_float32(translat
         seqmix.load(translation_ckpts[0]).quantize("int4")
 
 
+def test_a_fairseq_export_loads_as_the_model_it_came_from(translation_ckpts, tmp_path):
+    from seqmix.interop.fairseq import export_checkpoint
+
+    original = seqmix.load(translation_ckpts[1])
+    export_checkpoint(translation_ckpts[1], tmp_path / "fs")
+    for model in (seqmix.load(tmp_path / "fs"), seqmix.load_fairseq(tmp_path / "fs" / "checkpoint.pt")):
+        assert model.translate(TEXTS, beam_size=3) == original.translate(TEXTS, beam_size=3)
+        for a, b in zip(original.score(TEXTS, TEXTS).sentences, model.score(TEXTS, TEXTS).sentences):
+            assert torch.allclose(a.positional_scores, b.positional_scores, atol=1e-5)
+    lm = random_checkpoint(tmp_path / "lm.ckpt", [*LM_TINY, "model.decoder.normalize_before=true"], 4)
+    export_checkpoint(lm, tmp_path / "lm")
+    assert seqmix.load(tmp_path / "lm").perplexity(TEXTS) == pytest.approx(seqmix.load(lm).perplexity(TEXTS), rel=1e-5)
+    with pytest.raises(SeqmixError, match="does not exist"):
+        seqmix.load(tmp_path)  # a folder without checkpoint.pt
+
+
 def test_perplexity_is_the_exponent_of_the_mean_next_token_loss(lm_ckpt):
     model = seqmix.load(lm_ckpt)
     tok, net = model.tokenizer, model.task.model
