@@ -27,6 +27,33 @@ TINY = [
 ]
 
 
+# models of a few thousand weights, built directly (no training run): decoding, scoring and API tests
+TINY_TRANSFORMER = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1",
+                    "model.decoder.layers=1", "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32",
+                    "model.encoder.heads=2", "model.decoder.heads=2", "model.decoder.cross_attention_heads=2"]
+TINY_LM = ["task=wikitext2", "model.embed_dim=16", "model.decoder.layers=1", "model.decoder.ffn_dim=32",
+           "model.decoder.heads=2", "task.adaptive.input=false", "task.adaptive.softmax=false",
+           "task.data.tokens_per_sample=32"]
+
+
+def random_checkpoint(path, overrides: list[str], tokenizer, seed: int, std: float = 0.5, seed_first: bool = False):
+    """A checkpoint of the model ``overrides`` build, its weights drawn from N(0, std) (far from the initialization,
+    so that two seeds decode differently); ``seed_first``: the seed is set before the model is built."""
+    import torch
+
+    from seqmix.config.build import build_task
+    from seqmix.interop.fairseq import save_seqmix_checkpoint
+
+    if seed_first:
+        torch.manual_seed(seed)
+    task = build_task(run_config(overrides), tokenizer)
+    if not seed_first:
+        torch.manual_seed(seed)
+    for p in task.model.parameters():
+        p.data.normal_(0, std)
+    save_seqmix_checkpoint(path, task)
+    return str(path)
+
 # variables torch, Lightning or Triton read when imported: a run that changes one gets a fresh interpreter
 IMPORT_TIME_VARIABLES = ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "OMP_NUM_THREADS",
                          "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED")

@@ -10,30 +10,22 @@ import math
 import pytest
 import torch
 
-from seqmix.config.build import build_task, load_task
+from seqmix.config.build import load_task
 from seqmix.config.ensemble import load_checkpoints
 from seqmix.data.tokenizer import train_tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.generation.ensemble import Ensemble
-from seqmix.interop.fairseq import save_seqmix_checkpoint
-from tests.helpers import describe, run, run_config
+from tests.helpers import TINY_TRANSFORMER, describe, random_checkpoint, run
 
-TINY_MODEL = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1",
-              "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
-              "model.decoder.cross_attention_heads=2"]
+TINY_MODEL = TINY_TRANSFORMER
 TEXTS = ["a b c d e f g h", "h g f e d c b a"] * 20
 SOURCES = ["a b c", "d e f g h", "h a"]
 REFERENCES = ["c b a", "h g f e d", "a h"]
 
 
 def save(folder, name: str, seed: int, tokenizer, overrides=()) -> str:
-    torch.manual_seed(seed)
-    task = build_task(run_config([*TINY_MODEL, *overrides]), tokenizer)
-    for p in task.model.parameters():  # far from the initialization, so that two models decode differently
-        p.data.normal_()
-    path = folder / f"{name}.ckpt"
-    save_seqmix_checkpoint(path, task)
-    return str(path)
+    return random_checkpoint(folder / f"{name}.ckpt", [*TINY_MODEL, *overrides], tokenizer, seed, std=1.0,
+                             seed_first=True)
 
 
 @pytest.fixture(scope="module")

@@ -10,34 +10,22 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from seqmix.config.build import build_task, load_task
+from seqmix.config.build import load_task
 from seqmix.data.tokenizer import train_word_tokenizer
 from seqmix.generation.options import DecodeRequest, SamplingOptions
-from seqmix.interop.fairseq import save_seqmix_checkpoint
-from tests.helpers import ROOT, describe, run, run_config
+from tests.helpers import ROOT, TINY_LM, TINY_TRANSFORMER, describe, random_checkpoint, run
 
 pytestmark = pytest.mark.slow
 
-TINY_MODEL = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1",
-              "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
-              "model.decoder.cross_attention_heads=2"]
-LM_MODEL = ["task=wikitext2", "model.embed_dim=16", "model.decoder.layers=1", "model.decoder.ffn_dim=32",
-            "model.decoder.heads=2", "task.adaptive.input=false", "task.adaptive.softmax=false",
-            "task.data.tokens_per_sample=32"]
+TINY_MODEL, LM_MODEL = TINY_TRANSFORMER, TINY_LM
 SOURCES = ["a b c", "d e f g h", "h a"]
 REFERENCES = ["c b a", "h g f e d", "a h"]
 
 
 def save(folder, name: str, overrides: list[str], seed: int) -> str:
-    task = build_task(run_config(overrides), train_word_tokenizer(["a b c d e f g h", "h g f e d c b a"] * 20, 40))
-    torch.manual_seed(seed)
-    for p in task.model.parameters():
-        p.data.normal_(0, 0.5)
-    path = folder / f"{name}.ckpt"
-    save_seqmix_checkpoint(path, task)
-    return str(path)
+    tokenizer = train_word_tokenizer(["a b c d e f g h", "h g f e d c b a"] * 20, 40)
+    return random_checkpoint(folder / f"{name}.ckpt", overrides, tokenizer, seed)
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,10 @@ from seqmix.data.tokenizer import train_tokenizer, train_word_tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.interop.fairseq import save_seqmix_checkpoint
 from seqmix.training.checkpoints import write_averaged
-from tests.helpers import describe, run, run_config
+from tests.helpers import TINY_LM, TINY_TRANSFORMER, describe, run, run_config
+from tests.helpers import random_checkpoint as random_checkpoint_of
 
-TINY = ["model=transformer_small", "model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1",
-        "model.encoder.ffn_dim=32", "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
-        "model.decoder.cross_attention_heads=2"]
-LM_TINY = ["task=wikitext2", "model.embed_dim=16", "model.decoder.layers=1", "model.decoder.ffn_dim=32",
-           "model.decoder.heads=2", "task.adaptive.input=false", "task.adaptive.softmax=false",
-           "task.data.tokens_per_sample=32"]
+TINY, LM_TINY = TINY_TRANSFORMER, TINY_LM
 TEXTS = ["a b c d", "h g f", "c c a b e"]
 
 
@@ -31,12 +27,7 @@ def tokenizer():
 
 
 def random_checkpoint(path, overrides, seed: int):
-    task = build_task(run_config(overrides), tokenizer())
-    torch.manual_seed(seed)
-    for p in task.model.parameters():
-        p.data.normal_(0, 0.5)
-    save_seqmix_checkpoint(path, task)
-    return path
+    return random_checkpoint_of(path, overrides, tokenizer(), seed)
 
 
 @pytest.fixture(scope="module")
