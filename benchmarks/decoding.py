@@ -39,7 +39,7 @@ class Settings:
     batch1_limit: int = 200  # nat at batch size 1: the first N sentences
     length_beam: int | None = None  # nat overrides (default: the checkpoint's task.nat)
     max_iterations: int | None = None
-    warmup: int = 8  # sentences decoded untimed before each timed pass
+    warmup: int | None = None  # sentences decoded untimed before each timed pass (None: all, a server's steady state)
     # autoregressive: each (model, beam) decoded eagerly and/or with compile_decoding=true, a row each; the
     # warm-up pass (warmup_seconds) holds the compile time, ``x compiled`` divides sentences/s by the eager row's
     compile_decoding: tuple[bool, ...] = (False,)
@@ -106,7 +106,7 @@ def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentence
     warmup = time.perf_counter()
     # both passes end on the host (detokenized text): no CUDA synchronisation needed around them. Compiled: the
     # warm-up is the timed pass itself, so that every graph its batches need (a few per model) is compiled before
-    decode(n if compiled else s.warmup)
+    decode(n if compiled or s.warmup is None else s.warmup)
     warmup = time.perf_counter() - warmup
     seconds, cpu = time.perf_counter(), time.process_time()
     out = decode(n)

@@ -22,6 +22,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# decoding keeps freed memory in the heap for good (seqmix/generation/memory.py): not in the long-lived test processes
+# (tests/generation/test_memory.py runs it in a subprocess)
+os.environ.setdefault("SEQMIX_KEEP_FREED_MEMORY", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SEQMIX_DATA_DIR", ROOT.parent / "shared" / "data"))

@@ -216,12 +216,15 @@ class BeamSearch:
             # would never be used; the best token alone, cum added after the (B, V) reduction, not before
             top_scores, top_tok = lprobs.max(1, keepdim=True)
             return top_scores + beams.cum, top_tok, torch.arange(bsz, device=lprobs.device).unsqueeze(1)
-        vocab = lprobs.size(1)
-        cand = (beams.cum.view(-1, 1) + lprobs).view(bsz, k * vocab)
-        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)
-        top_beam = torch.div(top_idx, vocab, rounding_mode="floor")
+        # a sentence's best 2k extensions are among its rows' own best 2k tokens (a row's cum shifts all its tokens
+        # alike): cum is added to (B * k, 2k) of them instead of (B * k, V), the same sums in the same float order
+        width = min(2 * k, lprobs.size(1))
+        row_lprobs, row_tok = lprobs.topk(width, dim=1)
+        cand = (beams.cum.view(-1, 1) + row_lprobs).view(bsz, k * width)
+        top_scores, top_idx = cand.topk(min(2 * k, k * width), dim=1)
+        top_beam = torch.div(top_idx, width, rounding_mode="floor")
         base = (torch.arange(bsz, device=lprobs.device) * k).unsqueeze(1)
-        return top_scores, top_idx % vocab, base + top_beam
+        return top_scores, row_tok.view(bsz, k * width).gather(1, top_idx), base + top_beam
 
     def _end_hypotheses(self, beams: _Beams, top_scores: Tensor, top_tok: Tensor, top_rows: Tensor,
                         step: int) -> None:

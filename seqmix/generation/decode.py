@@ -16,6 +16,7 @@ from torch import Tensor
 
 from seqmix.data import PairDataset, TokenBudgetBatchSampler, collate_pairs
 from seqmix.generation.beam_search import BeamSearch, Hypothesis
+from seqmix.generation.memory import keep_freed_memory
 from seqmix.generation.nat_decoding import IterativeDecoder
 from seqmix.models.compiled import for_decoding
 
@@ -109,6 +110,8 @@ def decode_dataset(dataset: PairDataset, tokenizer, translate: Translate, max_to
     whole target, a prompt: hypothesis texts are then the prompt continued; 0: nothing). ``nbest``: how many
     hypotheses of each example to keep with their scores (``Decoded.nbest``; 0: only the best text)."""
     out = Decoded([""] * len(dataset))
+    if device.type == "cpu":
+        keep_freed_memory()
     with torch.inference_mode():
         for batch in collated_batches(dataset, tokenizer, max_tokens, max_sentences):
             out.batch_sizes.append(len(batch["id"]))

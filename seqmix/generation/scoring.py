@@ -18,6 +18,7 @@ from torch import Tensor
 from seqmix.data import PairDataset
 from seqmix.generation.decode import collated_batches
 from seqmix.generation.ensemble import log_probs
+from seqmix.generation.memory import keep_freed_memory
 
 # (source rows, right-padded target rows) -> (B, T) log-probabilities of the target tokens, 0 at padding
 TokenScorer = Callable[[Tensor, Tensor], Tensor]
@@ -74,6 +75,8 @@ def score_dataset(scorer: TokenScorer, dataset: PairDataset, tokenizer, len_pena
     """Every target of ``dataset`` scored by ``scorer`` given its source, in ``generate.py``'s batches."""
     sentences: list[Scored | None] = [None] * len(dataset)
     total, ntokens = 0.0, 0
+    if device.type == "cpu":
+        keep_freed_memory()
     with torch.inference_mode():
         for batch in collated_batches(dataset, tokenizer, max_tokens, max_sentences):
             target = batch["target"].to(device)

@@ -125,3 +125,29 @@ def test_decoding_starts_from_the_given_start_symbol(model, beam):
                 lprobs = torch.log_softmax(model(src[i: i + 1], prev)[0].float(), dim=-1)
             expected = lprobs.gather(1, h.tokens.unsqueeze(1)).squeeze(1)
             torch.testing.assert_close(h.positional_scores, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vocab", [3, 7, 50])
+def test_candidates_are_the_best_2k_over_every_row_and_token(vocab):
+    """The best 2k extensions of a sentence, searched among each row's own best 2k tokens, are the best 2k of all
+    its rows' tokens: the same cumulative scores, each the parent row's cum plus that row's log-prob of the token."""
+    from seqmix.generation.beam_search import _Beams
+
+    torch.manual_seed(vocab)
+    bsz, k = 3, 4
+    search = BeamSearch(bos=BOS, eos=EOS, pad=PAD, beam_size=k)
+    lprobs = torch.randn(bsz * k, vocab).log_softmax(-1)
+    lprobs[0, :] = -float("inf")  # a row with nothing allowed
+    lprobs[5, 1:] = -float("inf")  # a row with one move left
+    cum = torch.randn(bsz, k) * 3
+    cum[1, 1:] = -float("inf")  # step 0: one live row
+    beams = _Beams(torch.zeros(bsz * k, 2, dtype=torch.long), torch.zeros(bsz * k, 1), cum,
+                   torch.zeros(bsz, dtype=torch.bool), torch.zeros(bsz * k), torch.zeros(bsz * k), torch.zeros(bsz),
+                   [[] for _ in range(bsz)])
+    scores, tokens, rows = search._candidates(beams, lprobs)
+    every = (cum.view(-1, 1) + lprobs).view(bsz, k * vocab)
+    want = every.topk(min(2 * k, k * vocab), dim=1).values
+    assert torch.equal(scores, want)
+    finite = scores.isfinite()
+    assert torch.equal(scores[finite], (cum.view(-1)[rows] + lprobs[rows, tokens])[finite])
+    assert bool((rows // k == torch.arange(bsz).unsqueeze(1)).all())  # parents are the sentence's own rows
