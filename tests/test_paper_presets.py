@@ -52,6 +52,10 @@ class Schedule:
     peak_lr: float | None = None
     warmup: int | None = None
     warmup_init_lr: float | None = None
+    stop_below: float | None = None  # reduce_on_plateau: training ends once the lr would fall below this
+
+
+ADAM_DEFAULTS = (0.9, 0.999)  # Kingma & Ba 2015, torch's default
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Recipe:
     cite: str                      # for updates, dropout and precision
     beam: int | None = None
     gpus: int | None = None        # where the paper names its GPUs but not its batch
+    adam_betas: tuple | None = None
 
 
 FP16 = "16-mixed"
@@ -78,7 +83,7 @@ LIOUTAS_COSINE = Schedule("cosine", f"{LIOUTAS} §4.2: warmed up 10K steps from 
 SUMMARIZATION = Schedule("cosine", f"{WU} §5.3: cosine with a warmup of 10K steps and a period of 20K updates (no "
                          "peak lr given)", warmup=10000)
 CONVS2S = Schedule("reduce_on_plateau", f"{GEHRING} §4.2: NAG lr 0.25, x0.1 once validation perplexity stops "
-                   "improving", 0.25, 0)
+                   "improving, 'until it falls below 1e-4'", 0.25, 0, stop_below=1e-4)
 
 RECIPES: dict[str, Recipe] = {
     # Wu et al.'s self-attention baseline (§5.1: fairseq's Transformer Big, Ott et al. 2018) in their En-De setup; the
@@ -107,19 +112,19 @@ RECIPES: dict[str, Recipe] = {
         Batch(65e3, "tokens", 32, 1, f"{WU} §5.3", rel=0.01),  # 32 x 2,048 = 65,536: "65K" is rounded down (0.8%)
         975000, Schedule("cosine", f"{WU} §5.3", 1.0, 16000, 1e-7), None, None, f"{WU} §5.3"),
     "lioutas2020_talk_wmt_ende_big": Recipe(LIOUTAS_WMT, 30000, LIOUTAS_COSINE, 0.3, FP16,
-                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5),
+                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5, adam_betas=ADAM_DEFAULTS),
     "lioutas2020_talk_wmt_enfr_big": Recipe(LIOUTAS_WMT, 80000, LIOUTAS_COSINE, 0.1, FP16,
-                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5),
+                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5, adam_betas=ADAM_DEFAULTS),
     # §4.2: "on a single GPU with 4,000 maximum tokens per batch for 50K steps", inverse square root (no warmup or lr
     # given); mixed precision is named for the 8-GPU models only
     "lioutas2020_talk_iwslt14_deen": Recipe(Batch(4e3, "tokens", 1, 1, f"{LIOUTAS} §4.2", per_gpu=4000), 50000,
                                             Schedule("inverse_sqrt", f"{LIOUTAS} §4.2"), 0.3, None,
-                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5),
+                                            f"{LIOUTAS} §4.1 (beam 5), §4.2", beam=5, adam_betas=ADAM_DEFAULTS),
     # §4.2: summarization "the same setup as in Wu et al. (2019)" (no batch there); 8 GPUs, mixed precision
     "lioutas2020_talk_cnndm_standard": Recipe(None, 30000, SUMMARIZATION, 0.3, FP16, f"{LIOUTAS} §4.2 -> {WU} §5.3",
-                                              gpus=8),
+                                              gpus=8, adam_betas=ADAM_DEFAULTS),
     "lioutas2020_talk_cnndm_deep": Recipe(None, 30000, SUMMARIZATION, 0.3, FP16, f"{LIOUTAS} §4.2 -> {WU} §5.3",
-                                          gpus=8),
+                                          gpus=8, adam_betas=ADAM_DEFAULTS),
     # §4.2: the language model follows Baevski & Auli (2019), whose figures are not checked here: only the hardware
     "lioutas2020_talk_wikitext103": Recipe(None, None, None, None, FP16, f"{LIOUTAS} §4.2 'Hardware Details'", gpus=8),
     # §4.2: single M40 GPU, 64 sentences unless stated; §5.1: En-De 48 sentences on one GPU, En-Fr 8 GPUs x 32,
@@ -132,7 +137,8 @@ RECIPES: dict[str, Recipe] = {
                                                    rel=0.0),
                                              "anneal", CONVS2S, None, None, f"{GEHRING} §4.2, beam 5 §4.3", beam=5),
     # not in the paper (fairseq's IWSLT recipe with the paper's optimizer): only the schedule is the paper's
-    "gehring2017_convs2s_iwslt14_deen": Recipe(None, "anneal", CONVS2S, None, None, f"{GEHRING} §4.2"),
+    "gehring2017_convs2s_iwslt14_deen": Recipe(None, "anneal", Schedule("reduce_on_plateau", f"{GEHRING} §4.2", 0.25, 0),
+                                               None, None, f"{GEHRING} §4.2"),
     # §4 "Hyperparameters": "batches of approximately 128K tokens", 16 V100s, mixed precision, 300K steps, lr 5e-4
     # after 10K warmup steps then inverse square root, dropout tuned over {0.1, 0.2, 0.3}
     **{f"kasai2020_{m}_wmt_ende": Recipe(
@@ -152,7 +158,6 @@ class Size:
     cite: str
     tol: float = WHOLE_MILLIONS
     why: str = ""
-    untied_output: bool = False  # the paper's count has an output projection of its own; the preset ties it
 
 
 SIZES: dict[str, Size] = {  # "<experiment> [overrides]" -> the paper's parameter count
@@ -169,15 +174,12 @@ SIZES: dict[str, Size] = {  # "<experiment> [overrides]" -> the paper's paramete
         Size(200 * M, f"{WU} Table 3 (DynamicConv; §6.2: no GLU)"),
     "wu2019_wmt_ende_big mixer=lightconv model.encoder.mixer.glu=false model.decoder.mixer.glu=false":
         Size(195 * M, f"{WU} Table 3 (LightConv; §6.2: no GLU)"),
-    "wu2019_iwslt14_deen": Size(43 * M, f"{LIOUTAS} Table 3 (quoting {WU})", untied_output=True,
-                                why="fairseq's lightconv_iwslt_de_en has an output projection of its own; the "
-                                    "preset ties it"),
+    "wu2019_iwslt14_deen": Size(43 * M, f"{LIOUTAS} Table 3 (quoting {WU})"),
     "wu2019_cnndm": Size(87 * M, f"{WU} Table 5 (DynamicConv)"),
     "wu2019_cnndm mixer=lightconv": Size(86 * M, f"{WU} Table 5 (LightConv)"),
     "wu2019_dynamicconv_lm_gbw": Size(339 * M, f"{WU} Table 4"),
     "lioutas2020_talk_wmt_ende_big": Size(209 * M, f"{LIOUTAS} Table 2"),
-    "lioutas2020_talk_iwslt14_deen": Size(42 * M, f"{LIOUTAS} Table 3", untied_output=True,
-                                          why="the count fits an output projection of its own; the preset ties it"),
+    "lioutas2020_talk_iwslt14_deen": Size(42 * M, f"{LIOUTAS} Table 3"),
     "lioutas2020_talk_cnndm_standard": Size(59 * M, f"{LIOUTAS} Table 4"),
     "lioutas2020_talk_cnndm_deep": Size(83 * M, f"{LIOUTAS} Table 4"),
     "lioutas2020_talk_wikitext103": Size(240 * M, f"{LIOUTAS} Table 5"),
@@ -261,6 +263,24 @@ def per_update(cfg, unit: str) -> int:
     return t.devices * t.num_nodes * per_gpu(cfg, unit) * t.accumulate_grad_batches
 
 
+def annealed_lrs(cfg) -> list[float]:
+    """The lrs a reduce_on_plateau preset trains with: cut by `factor` (clamped at the scheduler's `min_lr`) until
+    `stop_min_lr` ends the run, as seqmix.training.stop_min_lr does."""
+    lr, lrs = cfg.optim.lr, []
+    while lr > cfg.stop_min_lr * (1 + 1e-6):
+        lrs.append(lr)
+        lr = max(lr * cfg.scheduler.factor, cfg.scheduler.min_lr)
+    return lrs
+
+
+def papers_annealed_lrs(s: Schedule) -> list[float]:
+    lr, lrs = s.peak_lr, []
+    while lr >= s.stop_below:
+        lrs.append(lr)
+        lr *= 0.1
+    return lrs
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_preset_composes_to_the_papers_recipe(name, composed):
     paper, cfg = RECIPES[name], composed(name)
@@ -288,6 +308,10 @@ def test_preset_composes_to_the_papers_recipe(name, composed):
             assert cfg.scheduler.get("warmup_updates", 0) == s.warmup, s.cite
         if s.warmup_init_lr is not None:
             assert cfg.scheduler.warmup_init_lr == s.warmup_init_lr, s.cite
+        if s.stop_below is not None:
+            assert annealed_lrs(cfg) == pytest.approx(papers_annealed_lrs(s)), s.cite
+    if paper.adam_betas is not None:
+        assert tuple(cfg.optim.betas) == paper.adam_betas, paper.cite
     if isinstance(paper.dropout, tuple):
         assert cfg.model.dropout in paper.dropout, paper.cite
     elif paper.dropout is not None:
@@ -303,9 +327,6 @@ def test_model_has_the_papers_parameter_count(entry, composed):
     paper, cfg = SIZES[entry], composed(entry)
     with torch.device("meta"):  # shapes only: up to 339M parameters, built once per entry
         n = count_parameters(model_from_config(cfg))
-    if paper.untied_output:
-        assert cfg.model.share_decoder_input_output_embed, "the preset unties it now: drop untied_output"
-        n += cfg.task.vocab_size * cfg.model.embed_dim
     assert abs(n - paper.params) <= paper.tol, \
         f"{entry}: {n:,} built, {paper.params:,.0f} in {paper.cite} (+-{paper.tol:,.0f}: {paper.why or 'rounding'})"
 

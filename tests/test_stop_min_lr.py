@@ -75,12 +75,13 @@ def test_negative_threshold_is_refused():
         StopAtMinLR(-1.0)
 
 
-@pytest.mark.parametrize("experiment,expected", [(None, 0.0), ("gehring2017_convs2s_wmt_ende", 1e-5),
-                                                 ("gehring2017_convs2s_wmt_enfr", 1e-5),
-                                                 ("gehring2017_convs2s_wmt16_enro", 1e-5),
+@pytest.mark.parametrize("experiment,expected", [(None, 0.0), ("gehring2017_convs2s_wmt_ende", 1e-4),
+                                                 ("gehring2017_convs2s_wmt_enfr", 1e-4),
+                                                 ("gehring2017_convs2s_wmt16_enro", 1e-4),
                                                  ("gehring2017_convs2s_iwslt14_deen", 1e-5)])
 def test_config_wires_the_callback(experiment, expected):
-    """Off by default; the ConvS2S paper presets stop where fairseq-py did (lr <= 1e-5, the plateau floor)."""
+    """Off by default; the ConvS2S paper presets stop where §4.2 does (once the lr falls below 1e-4), the IWSLT one
+    (fairseq's recipe, not the paper's) where fairseq-py did (lr <= 1e-5); either is the plateau schedule's floor."""
     cfg = compose_train([f"experiment={experiment}"] if experiment else [])
     assert cfg.stop_min_lr == expected
     if experiment:  # the stop is the plateau schedule's floor: the run ends right after its last annealing
