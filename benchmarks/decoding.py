@@ -1,6 +1,10 @@
 """Decoding speed on Multi30k val and the BLEU of the same output, through generate.py's path (``load_task``, the task's
 translator, ``decode_dataset``): autoregressive models at each beam against the Transformer (``decoding``), DisCo / CMLM
-at batch size 1 and at full batches against their autoregressive teacher at the same batching (``nat``)."""
+at batch size 1 and at full batches against their autoregressive teacher at the same batching (``nat``).
+
+Each model's own hypotheses end where it says, so two models' sentences/s also differ by how long they write. The
+forced-length rows (``forced_lengths``) make every hypothesis exactly L tokens long (min = max length = L): the same
+search work for every model, so their ratio is the decoders' own, at Multi30k's length (~16 tokens) and longer."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ HOW_TO_TRAIN_NAT = ("python generate.py ckpt_path=<multi30k_transformer_cpu run>
 # tokens_per_s: generated tokens (eos included); cpu_*: process CPU time (CPU only); avg_iterations: NAT passes
 FIELDS = ("model parameters beam sentences seconds sentences_per_s tokens_per_s bleu bleu_signature max_tokens "
           "speed_ratio max_sentences batches largest_batch decoder role length_beam max_iterations avg_iterations "
-          "ckpt cpu_seconds cpu_speed_ratio batching compiled warmup_seconds compile_seconds compiled_ratio")
+          "ckpt cpu_seconds cpu_speed_ratio batching compiled warmup_seconds compile_seconds compiled_ratio length")
 
 
 @dataclass
@@ -43,9 +47,12 @@ class Settings:
     # autoregressive: each (model, beam) decoded eagerly and/or with compile_decoding=true, a row each; the
     # warm-up pass (warmup_seconds) holds the compile time, ``x compiled`` divides sentences/s by the eager row's
     compile_decoding: tuple[bool, ...] = (False,)
+    # autoregressive: rows whose every hypothesis is forced to L tokens, at each beam, on the first forced_limit sentences
+    forced_lengths: tuple[int, ...] = (16, 64)
+    forced_limit: int | None = 300
 
 
-QUICK = {"limit": 100, "batch1_limit": 20}
+QUICK = {"limit": 100, "batch1_limit": 20, "forced_lengths": (16,), "forced_limit": 50}
 
 
 def checkpoints(s: Settings, nat: bool) -> dict[str, Path]:
@@ -98,6 +105,7 @@ def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentence
 
     ld.task.compile_decoding = compiled
     n, translate = min(n or len(ld.ids), len(ld.ids)), ld.task.translator(**overrides)
+    length = overrides.get("max_len_b") if overrides.get("min_len_b") == overrides.get("max_len_b") else None
 
     def decode(k: int):
         data = PairDataset.from_lists(ld.ids[:k], [[] for _ in ld.ids[:k]], ld.sources[:k], ld.refs[:k])
@@ -120,7 +128,12 @@ def measure(ld: SimpleNamespace, s: Settings, device: torch.device, max_sentence
         batches=len(out.batch_sizes), largest_batch=max(out.batch_sizes, default=0), ckpt=ld.info["ckpt"],
         avg_iterations=sum(out.iterations) / n if out.iterations else None,
         cpu_seconds=cpu if device.type == "cpu" else None, batching=batching, compiled=compiled,
-        warmup_seconds=warmup, compile_seconds=warmup - seconds if compiled else None)
+        warmup_seconds=warmup, compile_seconds=warmup - seconds if compiled else None, length=length)
+
+
+def forced(beam: int, length: int) -> dict:
+    """Decoding options under which every hypothesis is ``length`` tokens long (eos after them)."""
+    return {"beam_size": beam, "min_len_a": 0.0, "min_len_b": length, "max_len_a": 0.0, "max_len_b": length}
 
 
 def run(s: Settings, device: torch.device, log=print, nat: bool = False) -> dict | None:
@@ -132,7 +145,8 @@ def run(s: Settings, device: torch.device, log=print, nat: bool = False) -> dict
         log(f"no {'DisCo/CMLM' if nat else 'autoregressive'} {TASK} checkpoint found; skipped. Make one: "
             + (HOW_TO_TRAIN_NAT if nat else HOW_TO_TRAIN))
         return None
-    jobs = [(p, "", [{"beam_size": int(b)} for b in s.beams]) for p in models.values()]
+    jobs = [(p, "", [{"beam_size": int(b)} for b in s.beams] + [forced(int(b), int(n)) for n in s.forced_lengths
+                                                                for b in s.beams]) for p in models.values()]
     if nat:
         teacher = checkpoints(replace(s, ckpts=(s.teacher,) if s.teacher else ()), False)
         teacher = [p for m, p in teacher.items() if s.teacher or m.startswith("transformer")][:1]
@@ -145,26 +159,32 @@ def run(s: Settings, device: torch.device, log=print, nat: bool = False) -> dict
         for overrides in variants:
             opts = ld.task.nat_options(**overrides) if role == "nat" else None
             runs = [(1, s.batch1_limit or None, False), (None, None, False)] if nat else [
-                (None, None, compiled) for compiled in s.compile_decoding]
+                (None, s.forced_limit if "max_len_b" in overrides else None, compiled)
+                for compiled in s.compile_decoding]
             for max_sentences, n, compiled in runs:
                 rows.append(measure(ld, s, device, max_sentences, n, compiled, **overrides) | {"role": role})
                 if opts:
                     rows[-1] |= {"decoder": opts.algorithm, "length_beam": opts.length_beam,
                                  "max_iterations": opts.max_iterations}
                 log(f"  {ld.info['model']} {role} {rows[-1]['batching']} beam {rows[-1]['beam']}"
-                    f"{' compiled' if compiled else ''}: "
+                    f"{' compiled' if compiled else ''}{length_text(rows[-1])}: "
                     f"{rows[-1]['sentences_per_s']:.1f} sentences/s, BLEU {rows[-1]['bleu']:.2f}")
     rows.sort(key=lambda r: r["max_sentences"] is None)  # stable: batch 1 first, the teacher first within each
     base = next(iter(models)) if not nat else None
-    common.add_ratios(rows, lambda r: (None if nat else r["beam"], r["max_sentences"], r["compiled"]),
+    common.add_ratios(rows, lambda r: (None if nat else r["beam"], r["max_sentences"], r["compiled"], r["length"]),
                       lambda r: r["role"] == "teacher" if nat else r["model"] == base, speed_ratio="sentences_per_s",
                       cpu_speed_ratio=lambda r: r["cpu_seconds"] and r["sentences"] / r["cpu_seconds"])
-    common.add_ratios(rows, lambda r: (r["model"], r["role"], r["beam"], r["max_sentences"]),
+    common.add_ratios(rows, lambda r: (r["model"], r["role"], r["beam"], r["max_sentences"], r["length"]),
                       lambda r: not r["compiled"], compiled_ratio="sentences_per_s")
     return {"info": infos, "rows": rows}
 
 
+def length_text(row: dict) -> str:
+    return "" if row["length"] is None else f" forced to {row['length']} tokens"
+
+
 TABLE = [("model", "model", ""), ("params", lambda r: f"{r['parameters'] / 1e6:.1f}M", ""), ("beam", "beam", ""),
+         ("length", lambda r: "own" if r["length"] is None else f"= {r['length']}", ""),
          ("sentences", "sentences", ""), ("seconds", "seconds", ".1f"), ("sent/s", "sentences_per_s", ".1f"),
          ("tok/s", "tokens_per_s", ".0f"), ("BLEU", "bleu", ".2f"), ("speed x", "speed_ratio", ".2f"),
          ("cpu x", "cpu_speed_ratio", ".2f"), ("compiled", lambda r: "yes" if r["compiled"] else "", ""),
@@ -185,7 +205,9 @@ def section(s: Settings, device: torch.device, out: Path, log=print, nat: bool =
     if res is None:
         return {"skipped": "no checkpoint; " + (HOW_TO_TRAIN_NAT if nat else HOW_TO_TRAIN)}, []
     common.print_table(f"speed x: sentences/s over the {'teacher' if nat else 'Transformer'}'s with the same "
-                       f"{'batching' if nat else 'beam'}, this run; cpu x: the same per CPU second", res["rows"],
+                       f"{'batching' if nat else 'beam and length'}, this run; cpu x: the same per CPU second"
+                       + ("" if nat else "; length = L: every hypothesis forced to L tokens (BLEU meaningless)"),
+                       res["rows"],
                        NAT_TABLE if nat else TABLE)
     panels: dict = {}
     for r in res["rows"]:
@@ -193,7 +215,7 @@ def section(s: Settings, device: torch.device, out: Path, log=print, nat: bool =
             "" if r["avg_iterations"] is None else f"\n{r['avg_iterations']:.1f} it.")
         label = f"{r['model']}\n{r['decoder'] if r['beam'] is None else 'beam ' + str(r['beam'])}" + (
             "\ncompiled" if r["compiled"] else "")
-        group = f"{r['batching'] if nat else 'beam ' + str(r['beam'])} ({r['sentences']} sent.)"
+        group = f"{r['batching'] if nat else 'beam ' + str(r['beam'])}{length_text(r)} ({r['sentences']} sent.)"
         panels.setdefault(group, []).append((label, r["sentences_per_s"], note, r["speed_ratio"] == 1.0))
     bar_panels(panels, "sentences / s", out / f"{name}.png", f"Multi30k val, {res['info'][0]['device']}")
     return {"info": res["info"], "rows": common.write_csv(out / f"{name}.csv", res["rows"])}, []

@@ -85,12 +85,15 @@ def test_batch1_decodes_one_sentence_per_batch_and_the_same_output(runs):
 
 
 def test_decoding_and_nat_end_to_end(runs, tmp_path):
-    s = replace(runs["settings"], limit=10, batch1_limit=4, beams=(1, 5))
+    s = replace(runs["settings"], limit=10, batch1_limit=4, beams=(1, 5), forced_lengths=(6,), forced_limit=3)
     assert bench_run.main(["--only", "decoding", "nat", "--out", str(tmp_path)], {"decoding": s, "nat": s}) == 0
     report = json.loads((tmp_path / "results.json").read_text())
     ar = report["decoding"]["rows"]
-    assert [(r["model"], r["beam"], r["speed_ratio"]) for r in ar] == [("transformer_small", 1, 1.0),
-                                                                       ("transformer_small", 5, 1.0)]  # no NAT here
+    assert [(r["model"], r["beam"], r["length"], r["sentences"], r["speed_ratio"]) for r in ar] == [
+        ("transformer_small", 1, None, 10, 1.0), ("transformer_small", 5, None, 10, 1.0),  # no NAT here
+        ("transformer_small", 1, 6, 3, 1.0), ("transformer_small", 5, 6, 3, 1.0)]
+    for r in ar[2:]:  # every best hypothesis: 6 tokens and eos
+        assert round(r["tokens_per_s"] * r["seconds"]) == 3 * 7
     rows = report["nat"]["rows"]
     assert [(r["model"], r["role"], r["max_sentences"]) for r in rows] == [
         ("transformer_small", "teacher", 1), ("disco_small", "nat", 1), ("cmlm_small", "nat", 1),
