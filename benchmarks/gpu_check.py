@@ -140,7 +140,7 @@ def decoding_section(ctx: Context) -> list[dict]:
     if not ctx.ckpt:
         return [{"status": "skipped: no checkpoint (the ddp section did not write one)"}]
     s = decoding.Settings(ckpts=(ctx.ckpt,), beams=(5,), compile_decoding=(False, True), limit=500,
-                          data_dir=str(ctx.data_dir / "multi30k"))
+                          data_dir=str(ctx.data_dir / "multi30k"), forced_lengths=())  # one model: no ratio to force
     result, _ = decoding.section(s, ctx.device, ctx.scratch, log=ctx.log)
     return result["rows"]
 
