@@ -153,12 +153,19 @@ def _lm_row(recipe: Recipe) -> list[str]:
     return [_num(final["metrics"].get("perplexity")) if final else "-"]
 
 
+ROUGES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
 def _summary_row(recipe: Recipe) -> list[str]:
+    """The model's ROUGE, then the lead-N baseline's on the same split (recorded beside it; "-" in older records)."""
     final = recipe.final()
     if final is None:
-        return ["-"]
+        return ["-", "-"]
     m = final["metrics"]
-    return [" / ".join(_num(m.get(k)) for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))]
+    lead = next((k[:-len("_rouge1")] for k in m if re.fullmatch(r"lead\d+_rouge1", k)), None)
+    baseline = "-" if lead is None else (" / ".join(_num(m.get(f"{lead}_{k}")) for k in ROUGES)
+                                         + f" ({lead[:4]}-{lead[4:]})")
+    return [" / ".join(_num(m.get(k)) for k in ROUGES), baseline]
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,7 @@ KINDS = (
          "ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`."),
     Kind("Language modeling", "perplexity", ("valid perplexity",), _lm_row,
          "Perplexity over the whole valid split, best.ckpt."),
-    Kind("Summarization", "rougeL", ("valid ROUGE-1/2/L/Lsum F1",), _summary_row,
+    Kind("Summarization", "rougeL", ("valid ROUGE-1/2/L/Lsum F1", "lead-N baseline, same split"), _summary_row,
          "rouge-score F1 with stemming, best.ckpt, the task's decoding."),
 )
 

@@ -26,9 +26,10 @@ class SummarizationTask(TranslationTask):
     def score(self, hypotheses: list[str], references: list[list[str]], sources: list[str]) -> Report:
         result = corpus_rouge(hypotheses, references, self.rouge.stemming)
         baseline = self.lead_baseline(sources, references)
+        lead_metrics = {f"lead{self.rouge.lead}_{k}": v for k, v in baseline.metrics().items()}
         return Report(result.rougeL, f"{result.LABEL}: {result.scores()}",
                       [f"rouge: {result}", f"lead-{self.rouge.lead} baseline: {baseline}"],
-                      metrics=result.metrics())
+                      metrics=result.metrics() | lead_metrics)
 
     def lead_baseline(self, sources: list[str], references: list[list[str]]) -> RougeResult:
         """The first sentences (or dialogue turns) of each whole source, normalized and scored exactly like the
