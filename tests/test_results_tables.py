@@ -13,6 +13,7 @@ from seqmix.report.results import (
     RECORDS,
     RESULTS_BEGIN,
     RESULTS_END,
+    Recipe,
     add_run,
     read_recipes,
     readme_section,
@@ -66,7 +67,9 @@ def fixture_records():
     return {"m30k_t": translation, "m30k_l": rescored, "wt2_t": lm, "ds_l": summary}
 
 
-EXPECTED = """### Translation
+EXPECTED = """**The rows below ran on 3 machine kinds**, so updates and wall time compare only within one: NVIDIA H100 (ds_l); AMD EPYC, 2 threads, AVX2 (m30k_l); AMD EPYC, 2 threads, AVX512-BF16 (m30k_t, wt2_t).
+
+### Translation
 
 | recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid sacreBLEU, beam 5 (BP) | papers' BLEU, beam 5 | valid sacreBLEU, greedy (BP) | machine | commit |
 |---|---|---|---|---|---|---|---|---|---|
@@ -96,6 +99,33 @@ rouge-score F1 with stemming, best.ckpt, the task's decoding.
 def test_fixture_records_become_exactly_the_expected_tables(tmp_path):
     write_records(tmp_path, fixture_records())
     assert results_text(read_recipes(tmp_path)) == EXPECTED
+
+
+def test_one_machine_kind_is_said_as_one():
+    recipes = fixture_records()
+    del recipes["ds_l"], recipes["m30k_l"]
+    folder_free = [Recipe(name, rec) for name, rec in sorted(recipes.items())]
+    assert results_text(folder_free).splitlines()[0] == ("Every row below ran on one machine kind: "
+                                                         "AMD EPYC, 2 threads, AVX512-BF16.")
+
+
+def test_a_re_run_keeps_the_record_it_replaces_out_of_the_tables(tmp_path):
+    """--add of a new run of a recipe moves the old record to earlier/ (named by its commit); the same run added
+    twice moves nothing; the tables read only the current records."""
+    records = tmp_path / "records"
+    for n, commit in enumerate(["aaaaaaaaaaaa1111", "bbbbbbbbbbbb2222", "bbbbbbbbbbbb2222"]):
+        run_dir = tmp_path / f"run{n}"
+        run_dir.mkdir()
+        rec = record("m30k_t", "transformer_small", [evaluation(BEAM5, {"bleu": 30.0 + n, "bp": 1.0})], commit=commit)
+        (run_dir / "run.json").write_text(json.dumps(rec))
+        add_run(run_dir, records)
+        add_run(run_dir, records)  # again: nothing moves
+    earlier = sorted(p.name for p in (records / "earlier").iterdir())
+    assert earlier == ["m30k_t.aaaaaaaaaaaa.1.json", "m30k_t.bbbbbbbbbbbb.1.json"]
+    assert json.loads((records / "earlier" / earlier[0]).read_text())["evaluations"][0]["metrics"]["bleu"] == 30.0
+    assert json.loads((records / "earlier" / earlier[1]).read_text())["evaluations"][0]["metrics"]["bleu"] == 31.0
+    [recipe] = read_recipes(records)
+    assert recipe.final()["metrics"]["bleu"] == 32.0
 
 
 def test_a_record_without_a_valid_scoring_of_its_best_checkpoint_is_named(tmp_path):

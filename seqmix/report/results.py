@@ -3,10 +3,13 @@
 
 ``--add`` copies a finished run's ``run.json`` (``seqmix.training.run_record``: overrides, machine, commit, updates,
 wall time and every scored decode of its checkpoints) into the records folder (``benchmarks/results/recipes``), one
-file per recipe, named after its ``experiment=``. The tables then come from those files alone: one per kind of task
+file per recipe, named after its ``experiment=``; the record it replaces moves to ``earlier/`` beside it (kept, never
+tabulated). The tables then come from those files alone: one per kind of task
 (translation: sacreBLEU with its brevity penalty for the task's own decoding and greedy, and the papers' BLEU;
 language modeling: perplexity; summarization: ROUGE), one row per recipe. ``--readme`` rewrites the part of the
-README between the two ``RESULTS_BEGIN``/``RESULTS_END`` marks; without it the tables are printed.
+README between the two ``RESULTS_BEGIN``/``RESULTS_END`` marks; without it the tables are printed. A first line says
+whether every row ran on one machine kind, and names each kind with its recipes when not (updates and wall time are
+comparable only within one kind).
 """
 
 from __future__ import annotations
@@ -93,8 +96,12 @@ def read_recipes(folder: Path) -> list[Recipe]:
     return recipes
 
 
+EARLIER = "earlier"
+
+
 def add_run(run_dir: Path, folder: Path) -> Path:
-    """Copy ``run_dir``'s record into ``folder`` as ``<experiment>.json`` (replacing that recipe's earlier run)."""
+    """Copy ``run_dir``'s record into ``folder`` as ``<experiment>.json``; that recipe's earlier record, if another
+    run's, moves to ``folder/earlier/<experiment>.<commit>.<n>.json`` first, so no result is lost by a re-run."""
     record = read_record(run_dir)
     if record is None:
         raise SeqmixError(f"{run_dir} has no readable {RECORD}: give the folder of a train.py run")
@@ -106,8 +113,25 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{experiments[0]}.json"
     data = (run_dir / RECORD).read_bytes()
+    if target.is_file() and target.read_bytes() != data:
+        _keep_earlier(target)
     atomic_write(target, lambda f: f.write(data))
     return target
+
+
+def _keep_earlier(target: Path) -> Path:
+    try:
+        commit = str(json.loads(target.read_text(encoding="utf-8")).get("commit") or "unknown")[:12]
+    except (OSError, ValueError, AttributeError):
+        commit = "damaged"
+    earlier = target.parent / EARLIER
+    earlier.mkdir(exist_ok=True)
+    n = 1
+    while (earlier / f"{target.stem}.{commit}.{n}.json").exists():
+        n += 1
+    kept = earlier / f"{target.stem}.{commit}.{n}.json"
+    target.replace(kept)
+    return kept
 
 
 def _num(value, digits: int = 2) -> str:
@@ -205,9 +229,21 @@ def kind_of(recipe: Recipe) -> Kind | None:
     return next((k for k in KINDS if final and k.metric in final["metrics"]), None)
 
 
+def machines_line(recipes: list[Recipe]) -> str:
+    """One machine kind for every row, or each kind with its recipes: a reader must see a mixed table at once."""
+    kinds: dict[str, list[str]] = {}
+    for recipe in recipes:
+        kinds.setdefault(machine_label(recipe.record.get("machine")), []).append(recipe.name)
+    if len(kinds) == 1:
+        return f"Every row below ran on one machine kind: {next(iter(kinds))}.\n"
+    listed = "; ".join(f"{label} ({', '.join(names)})" for label, names in kinds.items())
+    return (f"**The rows below ran on {len(kinds)} machine kinds**, so updates and wall time compare only within one: "
+            f"{listed}.\n")
+
+
 def results_text(recipes: list[Recipe]) -> str:
     """One ``###`` section per kind of task that has recipes: the table and how its numbers were measured."""
-    sections = []
+    sections = [machines_line(recipes)] if recipes else []
     for kind in KINDS:
         members = [r for r in recipes if kind_of(r) is kind]
         if not members:
