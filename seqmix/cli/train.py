@@ -26,6 +26,7 @@ from seqmix.training.checkpoints import (
     LastCheckpoint,
     check_fits,
     check_resumable,
+    load_encoder,
     load_weights,
     newest_resumable_in,
     remove_orphaned_writes,
@@ -86,6 +87,9 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("ckpt_path") and cfg.get("init_from"):
         raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
                           "new run from a checkpoint's weights: pass one of them")
+    if cfg.get("init_encoder_from") and (cfg.get("ckpt_path") or cfg.get("init_from")):
+        raise SeqmixError("init_encoder_from starts a new model's encoder; with ckpt_path (resume) or init_from (all "
+                          "weights) it would be overwritten: pass one of them")
     start_record(output_dir_of(cfg), job_overrides(), list(cfg.get("tags") or []), model=cfg.model.name,
                  task=cfg.task.name, precision=str(cfg.trainer.precision))
     resume_from = continue_run_in_its_folder(cfg)
@@ -101,6 +105,10 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("init_from"):
         load_weights(task, cfg.init_from)
         log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
+    if cfg.get("init_encoder_from"):
+        fresh = load_encoder(task, cfg.init_encoder_from)
+        log.info("encoder weights from %s%s", cfg.init_encoder_from,
+                 f" (left as initialised: {', '.join(fresh)})" if fresh else "")
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
     loggers = instantiate_loggers(cfg)

@@ -261,7 +261,7 @@ TRAIN = {
     "compile": ON_OFF_AUTO, "compile_decoding": ON_OFF_AUTO, "nonfinite": Choice(("raise", "skip")),
     "nonfinite_skip_limit": COUNT, "stop_min_lr": NONNEGATIVE, "keep_last_epochs": COUNT0,
     "save_interval_updates": COUNT0, "keep_interval_updates": KEEP_ALL_OR_N,
-    "ckpt_path": maybe(TEXT), "init_from": maybe(TEXT),
+    "ckpt_path": maybe(TEXT), "init_from": maybe(TEXT), "init_encoder_from": maybe(TEXT),
     "optim.lr": Number(0, open_low=True), "optim.weight_decay": NONNEGATIVE, "optim.eps": Number(0, open_low=True),
     "optim.betas": ListOf(Number(0, 1, open_high=True), length=2), "optim.momentum": Number(0, 1, open_high=True),
     "optim.nesterov": FLAG,

@@ -166,10 +166,8 @@ def check_resumable(path: str | os.PathLike) -> dict:
     return ckpt
 
 
-def check_fits(task, ckpt: dict, option: str) -> None:
-    """``option`` (``ckpt_path=...`` or ``init_from=...``) names a checkpoint of this task, vocabulary and model:
-    every parameter name and shape must match (a silent partial load would train garbage, and Lightning's own
-    refusal is a page of size mismatches)."""
+def _check_task_and_vocabulary(task, ckpt: dict, option: str) -> None:
+    """The same task, decoder start symbol and vocabulary as this run's."""
     trained = ((ckpt["seqmix"].get("config") or {}).get("task") or {}).get("name")
     own_task = ((getattr(task, "run_config", None) or {}).get("task") or {}).get("name")
     if trained and own_task and trained != own_task:
@@ -183,6 +181,13 @@ def check_fits(task, ckpt: dict, option: str) -> None:
     if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
         raise SeqmixError(f"{option}: its vocabulary differs from this run's; train on the data and vocabulary the "
                           "checkpoint was trained with (same task and task.vocab_size)")
+
+
+def check_fits(task, ckpt: dict, option: str) -> None:
+    """``option`` (``ckpt_path=...`` or ``init_from=...``) names a checkpoint of this task, vocabulary and model:
+    every parameter name and shape must match (a silent partial load would train garbage, and Lightning's own
+    refusal is a page of size mismatches)."""
+    _check_task_and_vocabulary(task, ckpt, option)
     own, theirs = task.state_dict(), ckpt["state_dict"]
     problems = [f"missing {k}" for k in own if k not in theirs]
     problems += [f"unexpected {k}" for k in theirs if k not in own]
@@ -191,6 +196,54 @@ def check_fits(task, ckpt: dict, option: str) -> None:
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise SeqmixError(f"{option} does not fit this model ({shown}); use the model settings it was trained with")
+
+
+# what an encoder computes besides its weights: a teacher's encoder means the same only under the same settings
+ENCODER_SETTINGS = ("embed_dim", "positions", "scale_embedding", "encoder.layers", "encoder.heads", "encoder.ffn_dim",
+                    "encoder.normalize_before", "encoder.activation")
+ENCODER = "model.encoder."
+
+
+def _setting(model_cfg: dict, dotted: str):
+    value = model_cfg or {}
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def load_encoder(task, path: str | os.PathLike) -> list[str]:
+    """Start this model's encoder (with the embedding table it shares) from another model's checkpoint on the same
+    task and vocabulary, e.g. a non-autoregressive student from its autoregressive teacher; the rest keeps its
+    initialisation. Refused unless the encoders compute alike (``ENCODER_SETTINGS``) and every teacher encoder
+    weight has a place of its shape. Returns the student's encoder weights left as initialised."""
+    option = f"init_encoder_from={path}"
+    ckpt = load_checkpoint(path)
+    _check_task_and_vocabulary(task, ckpt, option)
+    theirs_cfg = (ckpt["seqmix"].get("config") or {}).get("model") or {}
+    own_cfg = ((getattr(task, "run_config", None) or {}).get("model")) or {}
+    differ = [f"model.{k}={_setting(theirs_cfg, k)}" for k in ENCODER_SETTINGS
+              if _setting(theirs_cfg, k) != _setting(own_cfg, k)]
+    if differ:
+        raise SeqmixError(f"{option}: its encoder was built with other settings; pass {' '.join(differ)}")
+    own = {k: v for k, v in task.state_dict().items() if k.startswith(ENCODER)}
+    theirs = {k: v for k, v in ckpt["state_dict"].items() if k.startswith(ENCODER)}
+    problems = [f"no place for {k}" for k in theirs if k not in own]
+    problems += [f"{k}: shape {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in theirs.items()
+                 if k in own and not _fits(v.shape, own[k].shape, k)]
+    if problems or not theirs:
+        shown = "; ".join(problems[:3]) or "it has no encoder"
+        raise SeqmixError(f"{option} does not fit this model's encoder ({shown}); give an encoder-decoder "
+                          "checkpoint with the same encoder size")
+    with torch.no_grad():
+        for k, v in theirs.items():
+            own[k][: v.size(0)].copy_(v)  # a student's extra symbols (CMLM's mask) keep their rows
+    return [k for k in own if k not in theirs]
+
+
+def _fits(theirs: torch.Size, own: torch.Size, key: str) -> bool:
+    """Equal shapes, or the embedding table with extra rows in the student."""
+    return theirs == own or (key.endswith("embed_tokens.weight") and len(theirs) == len(own) == 2
+                             and theirs[1] == own[1] and theirs[0] <= own[0])
 
 
 def load_weights(task, path: str | os.PathLike) -> None:
