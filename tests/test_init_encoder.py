@@ -11,7 +11,7 @@ from seqmix.config.build import build_task, load_task
 from seqmix.data.tokenizer import train_word_tokenizer
 from seqmix.errors import SeqmixError
 from seqmix.training.checkpoints import load_encoder
-from tests.helpers import TINY_TRANSFORMER, random_checkpoint, run_config
+from tests.helpers import TINY_TRANSFORMER, random_checkpoint, run, run_config
 
 SIZE = ["model.embed_dim=16", "model.encoder.layers=1", "model.decoder.layers=1", "model.encoder.ffn_dim=32",
         "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2",
@@ -83,3 +83,21 @@ def test_an_encoder_that_computes_differently_is_refused_with_the_overrides_to_p
 def test_another_vocabulary_is_refused(teacher):
     with pytest.raises(SeqmixError, match="vocabulary differs"):
         load_encoder(student("disco", *AS_TEACHER, vocabulary=tokenizer(["x y z"])), teacher)
+
+
+def test_train_py_starts_a_student_with_the_teachers_vocabulary_and_encoder(teacher, tmp_path):
+    """The command a user runs: the student's data take the teacher's vocabulary (task.data.tokenizer.file), so its
+    encoder can start from the teacher's; after one update at the warmup's first lr (0) the encoder is still the teacher's (to Adam's weight
+    decay at that lr)."""
+    args = ["model=disco", *SIZE, *AS_TEACHER, f"task.data.tokenizer.file={teacher}", f"init_encoder_from={teacher}",
+            "scheduler.warmup_init_lr=0", "trainer.max_steps=1", "trainer.max_epochs=-1", "run_test=false", "logger=csv",
+            "task.data.source.num_train=100", "task.data.source.num_valid=10", "task.data.source.num_test=10",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run("train.py", args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    trained = load_task(str(tmp_path / "run" / "checkpoints" / "last.ckpt"))[0].state_dict()
+    taught = load_task(teacher)[0].state_dict()
+    encoder = [k for k in taught if k.startswith("model.encoder.")]
+    assert encoder
+    for k in encoder:
+        torch.testing.assert_close(trained[k], taught[k], rtol=0, atol=1e-6)

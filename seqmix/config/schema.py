@@ -211,6 +211,7 @@ TASK = {
     "task.data.tgt_lang": TEXT, "task.data.splits.*": maybe(TEXT), "task.data.splits.train": TEXT,
     "task.data.tokenizer.kind": Choice(TOKENIZER_KINDS), "task.data.tokenizer.vocab_size": COUNT,
     "task.data.tokenizer.min_frequency": COUNT, "task.data.tokenizer.lowercase": FLAG, "task.data.tokenizer.joint": FLAG,
+    "task.data.tokenizer.file": maybe(TEXT),
     **{f"task.data.source.{k}": v for k, v in DATA_SOURCE.items()},
     **{f"task.generation.{k}": v for k, v in GENERATION.items()},
     **{f"task.nat.{k}": v for k, v in GENERATION.items()},

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from seqmix.data.batching import TokenBudgetBatchSampler
 from seqmix.data.resumable_loader import ResumableLoader
 from seqmix.data.token_store import StoreWriter, TokenStore, exclusive, open_or_build
-from seqmix.data.tokenizer import Tokenizer, load_or_train_tokenizer, tokenizer_cache_key
+from seqmix.data.tokenizer import Tokenizer, given_tokenizer, load_or_train_tokenizer, tokenizer_cache_key
 from seqmix.errors import SeqmixError
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,11 @@ class StoreDataModule(lightning.LightningDataModule):
         if unknown or not splits.get("train"):
             raise SeqmixError(f"task.data.splits={dict(splits)} must map 'train' (required), 'valid' and 'test' to "
                               f"the source's split names (null to disable); unknown keys: {sorted(unknown)}")
-        tok = {**self.TOKENIZER_DEFAULTS, **dict(tokenizer)}
-        if set(tok) - set(self.TOKENIZER_DEFAULTS):
-            raise SeqmixError(f"unknown task.data.tokenizer keys {sorted(set(tok) - set(self.TOKENIZER_DEFAULTS))}; "
-                              f"allowed: {sorted(self.TOKENIZER_DEFAULTS)}")
+        allowed = {**self.TOKENIZER_DEFAULTS, "file": None}
+        tok = {**allowed, **dict(tokenizer)}
+        if set(tok) - set(allowed):
+            raise SeqmixError(f"unknown task.data.tokenizer keys {sorted(set(tok) - set(allowed))}; "
+                              f"allowed: {sorted(allowed)}")
         if chunk_size < 1:
             raise SeqmixError(f"task.data.chunk_size={chunk_size} must be >= 1")
         self.source = source
@@ -113,6 +114,13 @@ class StoreDataModule(lightning.LightningDataModule):
     def _tokenizer(self, train_print: str) -> tuple[Tokenizer, Path]:
         cfg = self.tokenizer_cfg
         parts = {**self.key_parts(), "train": train_print}
+        if cfg["file"]:
+            tok = given_tokenizer(cfg["file"])
+            log.info("tokenizer from %s (%d symbols; the other task.data.tokenizer settings are not used)",
+                     cfg["file"], tok.vocab_size)
+            key_dir = self.cache_dir / tokenizer_cache_key(tok.vocab_size, False, 0,
+                                                           {**parts, "given": tok.content_hash()}, "given")
+            return tok, key_dir
         kind = cfg.get("kind", "bpe")
         key = tokenizer_cache_key(cfg["vocab_size"], cfg["lowercase"], cfg["min_frequency"], parts, kind)
         with exclusive(self.cache_dir / f"{key}.lock", "the tokenizer"):

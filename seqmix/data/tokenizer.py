@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -204,6 +205,23 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, lowercase: bool = Fal
     if hf.get_vocab_size() <= len(SPECIALS):
         raise SeqmixError("the tokenizer training text is empty; check the train split of the data")
     return Tokenizer(hf, lowercase)
+
+
+def given_tokenizer(path) -> Tokenizer | MosesSubwordTokenizer:
+    """``task.data.tokenizer.file``: a tokenizer.json, or a seqmix checkpoint whose vocabulary to reuse (a teacher's
+    for its students, as fairseq-preprocess takes ``--srcdict``), instead of one learned from the train split."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        raise SeqmixError(f"task.data.tokenizer.file={path} does not exist; give a tokenizer.json or a seqmix "
+                          "checkpoint (.ckpt)")
+    if path.suffix == ".json":
+        return Tokenizer.load(path)
+    try:
+        text = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["seqmix"]["tokenizer"]
+    except Exception as err:  # not a checkpoint, truncated, or one without a tokenizer
+        raise SeqmixError(f"task.data.tokenizer.file={path} is neither a tokenizer.json nor a seqmix checkpoint "
+                          f"holding its tokenizer ({type(err).__name__}); give one of those") from None
+    return Tokenizer.from_json(text)
 
 
 def tokenizer_cache_key(vocab_size: int, lowercase: bool, min_frequency: int, key_parts: dict,
