@@ -76,6 +76,27 @@ def data_for_fitting(cfg: DictConfig):
     return datamodule
 
 
+def check_starting_points(cfg: DictConfig) -> None:
+    """At most one of: resume (ckpt_path), all weights (init_from), the encoder alone (init_encoder_from)."""
+    if cfg.get("ckpt_path") and cfg.get("init_from"):
+        raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
+                          "new run from a checkpoint's weights: pass one of them")
+    if cfg.get("init_encoder_from") and (cfg.get("ckpt_path") or cfg.get("init_from")):
+        raise SeqmixError("init_encoder_from starts a new model's encoder; with ckpt_path (resume) or init_from (all "
+                          "weights) it would be overwritten: pass one of them")
+
+
+def start_from_weights(task, cfg: DictConfig) -> None:
+    """``init_from`` (every weight) or ``init_encoder_from`` (the encoder and its embeddings) into a new run."""
+    if cfg.get("init_from"):
+        load_weights(task, cfg.init_from)
+        log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
+    if cfg.get("init_encoder_from"):
+        fresh = load_encoder(task, cfg.init_encoder_from)
+        log.info("encoder weights from %s%s", cfg.init_encoder_from,
+                 f" (left as initialised: {', '.join(fresh)})" if fresh else "")
+
+
 def train(cfg: DictConfig) -> float | None:
     """Train per ``cfg``; returns the task's final score (BLEU, perplexity, ROUGE-L; for sweeps), with run_test=false
     its best validation score, or None."""
@@ -84,12 +105,7 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.dry_run:
         dry_run(cfg)
         return None
-    if cfg.get("ckpt_path") and cfg.get("init_from"):
-        raise SeqmixError("ckpt_path resumes a run (optimizer, schedule and step count too) and init_from starts a "
-                          "new run from a checkpoint's weights: pass one of them")
-    if cfg.get("init_encoder_from") and (cfg.get("ckpt_path") or cfg.get("init_from")):
-        raise SeqmixError("init_encoder_from starts a new model's encoder; with ckpt_path (resume) or init_from (all "
-                          "weights) it would be overwritten: pass one of them")
+    check_starting_points(cfg)
     start_record(output_dir_of(cfg), job_overrides(), list(cfg.get("tags") or []), model=cfg.model.name,
                  task=cfg.task.name, precision=str(cfg.trainer.precision))
     resume_from = continue_run_in_its_folder(cfg)
@@ -102,13 +118,7 @@ def train(cfg: DictConfig) -> float | None:
     if resume_from is not None:
         check_fits(task, resume_from, f"ckpt_path={cfg.ckpt_path}")
         del resume_from  # Lightning reads it again when fit starts
-    if cfg.get("init_from"):
-        load_weights(task, cfg.init_from)
-        log.info("model weights from %s (new optimizer, schedule and step count)", cfg.init_from)
-    if cfg.get("init_encoder_from"):
-        fresh = load_encoder(task, cfg.init_encoder_from)
-        log.info("encoder weights from %s%s", cfg.init_encoder_from,
-                 f" (left as initialised: {', '.join(fresh)})" if fresh else "")
+    start_from_weights(task, cfg)
     log.info("model %s: %s parameters", cfg.model.name, f"{count_parameters(task.model):,}")
     print(f"parameters: {count_parameters(task.model)}")
     loggers = instantiate_loggers(cfg)
