@@ -37,11 +37,16 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RECORDED = json.loads((FIXTURES / "experiment_parameters.json").read_text())
 CKPT = FIXTURES / "old_tree_tiny.ckpt"
 CKPT_PARAMETERS = 42688  # what the old tree's train.py and generate.py reported for it
-# Sizes changed on purpose since the old tree, each with the override that restores the old model: the IWSLT presets
-# got their own output projection (Wu 2019 and Lioutas 2020 count 43M/42M, which a tied projection cannot reach).
+# Sizes changed on purpose since the old tree, each with the overrides that restore the old model: the IWSLT presets
+# got their own output projection (Wu 2019 and Lioutas 2020 count 43M/42M, which a tied projection cannot reach); the
+# NAT CPU recipes build their encoder as the teacher's (sinusoidal positions) so that it can start from it.
+UNTIED = ["model.share_decoder_input_output_embed=true"]
+NAT_AS_PAPER = ["model.positions=learned", "model.scale_embedding=false", "model.encoder.activation=gelu"]
 CHANGED_ON_PURPOSE = {
-    "wu2019_iwslt14_deen": "model.share_decoder_input_output_embed=true",
-    "lioutas2020_talk_iwslt14_deen": "model.share_decoder_input_output_embed=true",
+    "wu2019_iwslt14_deen": UNTIED,
+    "lioutas2020_talk_iwslt14_deen": UNTIED,
+    "multi30k_disco_cpu": NAT_AS_PAPER,
+    "multi30k_cmlm_cpu": NAT_AS_PAPER,
 }
 
 
@@ -59,20 +64,27 @@ def distinct_parameters(model: torch.nn.Module) -> int:
 def test_experiment_builds_the_old_trees_model_size(entry):
     """`<experiment> [ablation/<table>=<row>]`: `python train.py experiment=<experiment> [...] dry_run=true`."""
     experiment, *overrides = entry.split()
-    restore = [CHANGED_ON_PURPOSE[entry]] if entry in CHANGED_ON_PURPOSE else []
+    restore = CHANGED_ON_PURPOSE.get(entry, [])
     cfg = compose_train([f"experiment={experiment}", *overrides, *restore, "dry_run=true"])
     assert distinct_parameters(build_for_dry_run(cfg)) == RECORDED["experiments"][entry]
 
 
 @pytest.mark.parametrize("entry", sorted(CHANGED_ON_PURPOSE))
 def test_changes_since_the_old_tree_are_real_and_only_what_they_say(entry):
-    """Without the restoring override the size differs, by exactly one untied vocab x embed projection."""
+    """Without the restoring overrides the size differs by exactly what the change says: one untied vocab x embed
+    projection, or the learned position tables that sinusoidal positions drop."""
     experiment, *overrides = entry.split()
-    cfg = compose_train([f"experiment={experiment}", *overrides, "dry_run=true"])
-    model = build_for_dry_run(cfg)
-    projection = model.output_projection.weight
-    assert projection is not model.decoder.embed_tokens.weight
-    assert distinct_parameters(model) - RECORDED["experiments"][entry] == projection.numel()
+    model = build_for_dry_run(compose_train([f"experiment={experiment}", *overrides, "dry_run=true"]))
+    difference = distinct_parameters(model) - RECORDED["experiments"][entry]
+    if CHANGED_ON_PURPOSE[entry] is UNTIED:
+        projection = model.output_projection.weight
+        assert projection is not model.decoder.embed_tokens.weight
+        assert difference == projection.numel()
+    else:
+        old = build_for_dry_run(compose_train([f"experiment={experiment}", *overrides, *CHANGED_ON_PURPOSE[entry],
+                                               "dry_run=true"]))
+        learned = sum(p.numel() for side in (old.encoder, old.decoder) for p in side.embed_positions.parameters())
+        assert learned > 0 and difference == -learned
 
 
 def test_every_experiment_has_a_recorded_size():

@@ -179,8 +179,10 @@ def _check_task_and_vocabulary(task, ckpt: dict, option: str) -> None:
         raise SeqmixError(f"{option} was trained with model.decoder_start={trained_start} (its decoder's first input), "
                           f"this run has {own_start}: pass model.decoder_start={trained_start}")
     if ckpt["seqmix"].get("tokenizer") != task.tokenizer.to_json():
-        raise SeqmixError(f"{option}: its vocabulary differs from this run's; train on the data and vocabulary the "
-                          "checkpoint was trained with (same task and task.vocab_size)")
+        path = option.partition("=")[2] or "<that checkpoint>"
+        raise SeqmixError(f"{option}: its vocabulary differs from this run's; pass task.data.tokenizer.file={path} "
+                          "to take its vocabulary, or train on the data it was trained with (same task and "
+                          "task.vocab_size)")
 
 
 def check_fits(task, ckpt: dict, option: str) -> None:
