@@ -21,6 +21,7 @@ from seqmix.data.fetch import CORPORA
 from seqmix.data.lm_blocks import BREAK_MODES
 from seqmix.data.tokenizer import TOKENIZER_KINDS
 from seqmix.errors import SeqmixError
+from seqmix.generation.options import NGRAM_UNITS
 from seqmix.metrics.bleu import PAPER_BLEU_KINDS
 from seqmix.metrics.chrf_ter import METRICS
 from seqmix.models.blocks import ACTIVATIONS
@@ -188,7 +189,8 @@ MODEL = {
 }
 GENERATION = {
     "beam_size": COUNT, "len_penalty": FINITE, "max_len_a": NONNEGATIVE, "max_len_b": COUNT0, "min_len_a": NONNEGATIVE,
-    "min_len_b": COUNT0, "no_repeat_ngram_size": COUNT0, "stepwise_len_penalty": FLAG,
+    "min_len_b": COUNT0, "no_repeat_ngram_size": COUNT0, "no_repeat_ngram_unit": Choice(NGRAM_UNITS),
+    "stepwise_len_penalty": FLAG,
     "length_beam": COUNT, "max_iterations": COUNT, "algorithm": maybe(Choice(("easy_first", "mask_predict"))),
 }
 DATA_SOURCE = {

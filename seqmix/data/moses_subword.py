@@ -187,6 +187,12 @@ class MosesSubwordTokenizer:
         dictionary = self.source_dict if side == "source" else self.target_dict
         return dictionary[int(i)] if 0 <= int(i) < len(dictionary) else "<unk>"
 
+    def word_pieces(self) -> tuple[list[bool], list[bool], list[str]]:
+        """(opens, closes, texts) per target id: a piece without the "@@" continuation ends its (Moses) word."""
+        pieces = [self.target_dict[i] for i in range(len(self.target_dict))]
+        closes = [not p.endswith(BPE_SEPARATOR) for p in pieces]
+        return [False] * len(pieces), closes, [p.removesuffix(BPE_SEPARATOR) for p in pieces]
+
     def normalize_reference(self, text: str) -> str:
         """Raw references are compared with detokenized hypotheses: only whitespace runs are collapsed."""
         return " ".join(text.split())

@@ -106,6 +106,17 @@ class Tokenizer:
         """The vocabulary piece of id ``i`` (one vocabulary for both sides)."""
         return self._hf.id_to_token(int(i)) or "<unk>"
 
+    def word_pieces(self) -> tuple[list[bool], list[bool], list[str]]:
+        """(opens, closes, texts) per id, for blocking repeated word n-grams: a BPE piece with a leading "▁" opens a
+        word (the specials stand alone) and adds its text without the "▁"; in a word-level vocabulary every id is a
+        whole word, so it closes one."""
+        n = self.vocab_size
+        pieces = [self._hf.id_to_token(i) or "" for i in range(n)]
+        if self.kind == "word":
+            return [False] * n, [True] * n, pieces
+        return ([i < len(SPECIALS) or p.startswith("▁") for i, p in enumerate(pieces)], [False] * n,
+                [p if i < len(SPECIALS) else p.replace("▁", "") for i, p in enumerate(pieces)])
+
     def normalize_reference(self, text: str) -> str:
         """The form ``decode`` produces for ``text``: what references must look like for scoring."""
         return self._hf.normalizer.normalize_str(text)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from seqmix.errors import SeqmixError
 from seqmix.generation.options import BeamOptions
+from seqmix.generation.word_ngrams import WordBoundaries, ban_repeated_word_ngrams
 
 
 @dataclass
@@ -83,10 +84,15 @@ class BeamSearch:
     None; fairseq's models use eos). bos is never an output either way."""
 
     def __init__(self, bos: int, eos: int, pad: int, options: BeamOptions | None = None, incremental: bool = True,
-                 max_target_positions: int | None = None, start: int | None = None, **settings) -> None:
+                 max_target_positions: int | None = None, start: int | None = None,
+                 words: WordBoundaries | None = None, **settings) -> None:
         self.bos, self.eos, self.pad = bos, eos, pad
         self.start = bos if start is None else start
         self.options = replace(options or BeamOptions(), **settings)
+        if self.options.no_repeat_ngram_size > 0 and self.options.no_repeat_ngram_unit == "word" and words is None:
+            raise SeqmixError("no_repeat_ngram_unit=word needs to know where words begin and end, and this decoder "
+                              "was given no tokenizer's word marks; use no_repeat_ngram_unit=token")
+        self.words = words
         self.incremental = incremental
         self.max_target_positions = max_target_positions
 
@@ -200,8 +206,11 @@ class BeamSearch:
             eos_col = lprobs[at_max, self.eos].clone()
             lprobs[at_max] = -math.inf
             lprobs[at_max, self.eos] = eos_col
-        if self.options.no_repeat_ngram_size > 0:
-            ban_repeated_ngrams(lprobs, beams.tokens[:, 1: step + 1], self.options.no_repeat_ngram_size)
+        n = self.options.no_repeat_ngram_size
+        if n > 0 and self.options.no_repeat_ngram_unit == "word":
+            ban_repeated_word_ngrams(lprobs, beams.tokens[:, 1: step + 1], n, self.words, self.eos, keep_eos=at_max)
+        elif n > 0:
+            ban_repeated_ngrams(lprobs, beams.tokens[:, 1: step + 1], n)
         if forced is not None:  # the prefix's token is the only move, with its own log-probability (context: 0)
             rows, tok, scores = forced
             lprobs[rows] = -math.inf

@@ -10,6 +10,7 @@ from typing import TypeVar
 from seqmix.errors import SeqmixError
 
 ALGORITHMS = ("easy_first", "mask_predict")
+NGRAM_UNITS = ("token", "word")
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,15 @@ class BeamOptions:
     min_len_a: float = 0.0
     min_len_b: int = 1
     no_repeat_ngram_size: int = 0
+    no_repeat_ngram_unit: str = "token"  # token (fairseq) | word: n-grams of whole words (generation.word_ngrams)
     stepwise_len_penalty: bool = False
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise SeqmixError("beam_size must be >= 1")
+        if self.no_repeat_ngram_unit not in NGRAM_UNITS:
+            raise SeqmixError(f"no_repeat_ngram_unit={self.no_repeat_ngram_unit!r} is unknown; choose one of "
+                              f"{list(NGRAM_UNITS)}")
 
 
 @dataclass(frozen=True)

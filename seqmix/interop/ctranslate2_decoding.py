@@ -83,6 +83,9 @@ class CT2Translator:
         if options.stepwise_len_penalty:
             raise SeqmixError("stepwise_len_penalty has no CTranslate2 equivalent: decode with seqmix, or pass "
                               "stepwise_len_penalty=False")
+        if options.no_repeat_ngram_size > 0 and options.no_repeat_ngram_unit == "word":
+            raise SeqmixError("no_repeat_ngram_unit=word has no CTranslate2 equivalent (it blocks token n-grams): "
+                              "decode with seqmix, or pass no_repeat_ngram_unit=token")
         return options
 
     def length_bounds(self, source_len: int, o: BeamOptions) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from seqmix.generation.decode import TextHypothesis, beam_translator, decode_dat
 from seqmix.generation.options import BeamOptions, DecodeRequest, option_names, overridden, settings_text
 from seqmix.generation.sampling import Sampler
 from seqmix.generation.scoring import ScoredCorpus, lm_token_log_probs, score_dataset
+from seqmix.generation.word_ngrams import word_boundaries_for
 from seqmix.metrics import perplexity
 from seqmix.tasks.base import Report, SeqmixTask
 
@@ -111,7 +112,8 @@ class LanguageModelingTask(SeqmixTask):
             raise SeqmixError(f"nbest={request.nbest} is more than the beam keeps (beam_size={options.beam_size}): "
                               f"raise beam_size to at least {request.nbest} or lower nbest")
         tok = self.tokenizer
-        where = {"max_target_positions": self.model.max_positions, "start": tok.eos}
+        where = {"max_target_positions": self.model.max_positions, "start": tok.eos,
+                 "words": word_boundaries_for(options, tok)}
         search = (Sampler(tok.bos, tok.eos, tok.pad, options, request.sampling, request.nbest, **where)
                   if request.sampling is not None else BeamSearch(tok.bos, tok.eos, tok.pad, options, **where))
         translate = beam_translator(PromptedLanguageModel(self.model), search, self.compile_decoding, context=True)

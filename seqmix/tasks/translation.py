@@ -21,6 +21,7 @@ from seqmix.generation.decode import (
 from seqmix.generation.options import BeamOptions, DecodeRequest, overridden, settings_text
 from seqmix.generation.sampling import Sampler
 from seqmix.generation.scoring import ScoredCorpus, score_dataset, token_log_probs
+from seqmix.generation.word_ngrams import word_boundaries_for
 from seqmix.metrics import BleuOptions, corpus_bleu, corpus_metric, paper_bleu
 from seqmix.tasks.base import Report, SeqmixTask
 from seqmix.tasks.fused_loss import projected_label_smoothed_loss
@@ -94,7 +95,7 @@ class TranslationTask(SeqmixTask):
         options = self.beam_options(**overrides)
         tok = self.tokenizer
         where = {"max_target_positions": getattr(self.model, "max_target_positions", None),
-                 "start": self.decoder_start}
+                 "start": self.decoder_start, "words": word_boundaries_for(options, tok)}
         if request is not None and request.sampling is not None:
             return Sampler(tok.bos, tok.eos, tok.pad, options, request.sampling, request.nbest, **where)
         return BeamSearch(tok.bos, tok.eos, tok.pad, options, **where)
@@ -124,7 +125,8 @@ class TranslationTask(SeqmixTask):
             text = (f"sampling nbest={request.nbest} top_k={s.top_k} top_p={s.top_p} temperature={s.temperature} "
                     f"seed={s.seed} len_penalty={options.len_penalty} max_len_a={options.max_len_a} "
                     f"max_len_b={options.max_len_b} min_len_a={options.min_len_a} min_len_b={options.min_len_b} "
-                    f"no_repeat_ngram_size={options.no_repeat_ngram_size}")
+                    f"no_repeat_ngram_size={options.no_repeat_ngram_size} "
+                    f"no_repeat_ngram_unit={options.no_repeat_ngram_unit}")
         else:
             text = f"beam search {settings_text(options)}"
             if request is not None and request.nbest > 1:
