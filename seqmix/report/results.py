@@ -101,7 +101,8 @@ EARLIER = "earlier"
 
 def add_run(run_dir: Path, folder: Path) -> Path:
     """Copy ``run_dir``'s record into ``folder`` as ``<experiment>.json``; that recipe's earlier record, if another
-    run's, moves to ``folder/earlier/<experiment>.<commit>.<n>.json`` first, so no result is lost by a re-run."""
+    run's (not this run's before a new scoring), moves to ``folder/earlier/<experiment>.<commit>.<n>.json`` first,
+    so no result is lost by a re-run."""
     record = read_record(run_dir)
     if record is None:
         raise SeqmixError(f"{run_dir} has no readable {RECORD}: give the folder of a train.py run")
@@ -113,10 +114,21 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{experiments[0]}.json"
     data = (run_dir / RECORD).read_bytes()
-    if target.is_file() and target.read_bytes() != data:
+    if target.is_file() and target.read_bytes() != data and not _same_run(target, record):
         _keep_earlier(target)
     atomic_write(target, lambda f: f.write(data))
     return target
+
+
+def _same_run(target: Path, record: dict) -> bool:
+    """Whether ``target`` is an older copy of ``record``'s run (scored again since): it is replaced, not kept."""
+    try:
+        kept = json.loads(target.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    same = ("started", "commit", "checkpoint")
+    return isinstance(kept, dict) and kept.get("started") is not None and all(kept.get(k) == record.get(k)
+                                                                             for k in same)
 
 
 def _keep_earlier(target: Path) -> Path:
@@ -180,16 +192,22 @@ def _lm_row(recipe: Recipe) -> list[str]:
 ROUGES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
+def _rouges(evaluation: dict | None) -> str:
+    return " / ".join(_num(evaluation["metrics"].get(k)) for k in ROUGES) if evaluation else "-"
+
+
 def _summary_row(recipe: Recipe) -> list[str]:
-    """The model's ROUGE, then the lead-N baseline's on the same split (recorded beside it; "-" in older records)."""
-    final = recipe.final()
+    """The model's ROUGE with the task's decoding (its beam size said) and greedy, then the lead-N baseline's on the
+    same split (recorded beside it; "-" in older records)."""
+    final, greedy = recipe.final(), recipe.greedy()
     if final is None:
-        return ["-", "-"]
+        return ["-", _rouges(greedy), "-"]
     m = final["metrics"]
     lead = next((k[:-len("_rouge1")] for k in m if re.fullmatch(r"lead\d+_rouge1", k)), None)
     baseline = "-" if lead is None else (" / ".join(_num(m.get(f"{lead}_{k}")) for k in ROUGES)
                                          + f" ({lead[:4]}-{lead[4:]})")
-    return [" / ".join(_num(m.get(k)) for k in ROUGES), baseline]
+    beam = beam_size(final)
+    return [_rouges(final) + (f" (beam {beam})" if beam else ""), _rouges(greedy), baseline]
 
 
 @dataclass(frozen=True)
@@ -208,8 +226,10 @@ KINDS = (
          "ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`."),
     Kind("Language modeling", "perplexity", ("valid perplexity",), _lm_row,
          "Perplexity over the whole valid split, best.ckpt."),
-    Kind("Summarization", "rougeL", ("valid ROUGE-1/2/L/Lsum F1", "lead-N baseline, same split"), _summary_row,
-         "rouge-score F1 with stemming, best.ckpt, the task's decoding."),
+    Kind("Summarization", "rougeL", ("valid ROUGE-1/2/L/Lsum F1, task's decoding", "valid ROUGE, greedy",
+                                      "lead-N baseline, same split"), _summary_row,
+         "rouge-score F1 with stemming, best.ckpt; greedy: `python generate.py ckpt_path=<run>/checkpoints/best.ckpt "
+         "split=valid beam_size=1`."),
 )
 
 
