@@ -84,7 +84,7 @@ def ban_repeated_word_ngrams(lprobs: Tensor, generated: Tensor, n: int, words: W
         if len(done) < n:
             continue
         grams = {tuple(done[i: i + n]) for i in range(len(done) - n + 1)}
-        context = tuple(done[len(done) - (n - 1):]) if n > 1 else ()
+        context = tuple(done[len(done) - n + 1:])  # the last n - 1 finished words
         if current and context + (current,) in grams:
             stop_rows.append(row)
         for gram in grams if words.closers_by_text else ():  # closers: finishing the word with one more piece
