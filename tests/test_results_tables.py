@@ -148,6 +148,22 @@ def test_a_run_scored_again_replaces_its_own_record_without_an_earlier_copy(tmp_
     assert [p.name for p in (records / "earlier").iterdir()] == ["m30k_t.0123456789ab.1.json"]
 
 
+def test_a_probe_decode_with_options_set_never_fills_the_rows_columns():
+    """Only scorings that set no decoding option (greedy: beam_size alone) fill a row, however late a probe came;
+    records from before options_given count every scoring as they did."""
+    task_own = evaluation(BEAM5, {"bleu": 30.0, "bp": 0.9}, when=1)
+    greedy = evaluation(GREEDY, {"bleu": 29.0, "bp": 0.9}, when=2)
+    probes = [evaluation(BEAM5.replace("len_penalty=1.0", "len_penalty=2.0"), {"bleu": 27.0, "bp": 1.0}, when=3),
+              evaluation(GREEDY.replace("len_penalty=1.0", "len_penalty=2.0"), {"bleu": 26.0, "bp": 1.0}, when=4)]
+    task_own["options_given"], greedy["options_given"] = [], ["beam_size"]
+    probes[0]["options_given"], probes[1]["options_given"] = ["len_penalty"], ["beam_size", "len_penalty"]
+    recipe = Recipe("m30k_t", record("m30k_t", "transformer_small", [task_own, greedy, *probes]))
+    assert recipe.final()["metrics"]["bleu"] == 30.0 and recipe.greedy()["metrics"]["bleu"] == 29.0
+    for e in (task_own, greedy, *probes):
+        del e["options_given"]
+    assert recipe.final()["metrics"]["bleu"] == 27.0 and recipe.greedy()["metrics"]["bleu"] == 26.0
+
+
 def test_a_record_without_a_valid_scoring_of_its_best_checkpoint_is_named(tmp_path):
     rec = record("m30k_x", "transformer_small", [evaluation(BEAM5, {"bleu": 1.0}, checkpoint="last.ckpt")])
     write_records(tmp_path, {"m30k_x": rec})
@@ -202,6 +218,7 @@ def test_a_real_run_is_recorded_added_and_tabulated(tmp_path):
     assert rec["machine"]["threads"] >= 1 and rec["commit"] and rec["model"] == "transformer_small"
     assert [(e["split"], "beam_size=1" in e["decoding"]) for e in rec["evaluations"]] == [("valid", False),
                                                                                             ("valid", True)]
+    assert [e["options_given"] for e in rec["evaluations"]] == [[], ["beam_size"]]
     printed = [float(line.split()[-1]) for line in (proc.stdout + greedy.stdout).splitlines()
                if line.startswith(("valid BLEU:", "BLEU:"))]
     assert [e["metrics"]["bleu"] for e in rec["evaluations"]] == pytest.approx(printed, abs=0.005)

@@ -190,14 +190,19 @@ def set_extra_metrics(task, names) -> None:
     task.extra_metrics = tuple(names)
 
 
+def options_given(overrides: dict, request: DecodeRequest) -> list[str]:
+    """The decoding options the command line set (``max_sentences`` only batches)."""
+    return [*(k for k in overrides if k != "max_sentences"), *(["nbest"] if request.nbest > 1 else []),
+            *(["sampling"] if request.sampling else []), *(["prefix_size"] if request.prefix_size else [])]
+
+
 def print_decoding_settings(task, overrides: dict, request: DecodeRequest, stream) -> None:
     """One line: what the task decodes with, and which of it the command line set (the rest is the checkpoint's
     task settings). On stderr for input=-, whose stdout holds only the outputs."""
     settings = task.decoding_settings(**overrides, **request_setting(request))
     if not settings:
         return
-    names = [*overrides, *(["nbest"] if request.nbest > 1 else []), *(["sampling"] if request.sampling else []),
-             *(["prefix_size"] if request.prefix_size else [])]
+    names = options_given(overrides, request)
     given = f"; from the command line: {', '.join(names)}" if names else ""
     print(f"decoding: {settings} (the checkpoint's task settings{given})", file=stream, flush=True)
 
@@ -254,11 +259,12 @@ def generate(cfg: DictConfig) -> float | None:
     print(report.headline)
     for line in report.details:
         print(line)
-    record_in_run(cfg, task.decoding_settings(**overrides, **request_setting(request)), report)
+    record_in_run(cfg, task.decoding_settings(**overrides, **request_setting(request)), report,
+                  options_given(overrides, request))
     return report.score
 
 
-def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
+def record_in_run(cfg: DictConfig, decoding: str, report, options_given: list[str]) -> None:
     """A split of the task's own data scored from a run's checkpoint (``<run>/checkpoints/x.ckpt``) joins that run's
     record (``run.json``: ``evaluations``), which the results tables are written from."""
     if OmegaConf.is_list(cfg.ckpt_path):  # an ensemble is no one run's checkpoint
@@ -269,5 +275,5 @@ def record_in_run(cfg: DictConfig, decoding: str, report) -> None:
     run_dir = ckpt.parent.parent
     kind = " interval checkpoints" if cfg.get("average_updates") else ""
     checkpoint = ckpt.name + (f" (average of the last {cfg.average_last}{kind})" if cfg.average_last else "")
-    if record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details):
+    if record_evaluation(run_dir, cfg.split, decoding, checkpoint, report.metrics, report.details, options_given):
         print(f"recorded in {run_dir / RECORD}")

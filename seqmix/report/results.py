@@ -53,13 +53,14 @@ class Recipe:
 
     def final(self) -> dict | None:
         """The latest scoring of the kept (best) checkpoint with the task's decoding (not greedy): the run's own final
-        evaluation, or a ``generate.py`` run with the same settings that replaced it."""
-        chosen = [e for e in self._on_best() if beam_size(e) != 1]
+        evaluation, or a later ``generate.py`` run that set no decoding option (records older than ``options_given``
+        count every non-greedy scoring)."""
+        chosen = [e for e in self._on_best() if beam_size(e) != 1 and not e.get("options_given")]
         return chosen[-1] if chosen else None
 
     def greedy(self) -> dict | None:
-        """``generate.py ... beam_size=1`` on the same checkpoint (translation)."""
-        chosen = [e for e in self._on_best() if beam_size(e) == 1]
+        """``generate.py ... beam_size=1`` on the same checkpoint (translation), no other decoding option set."""
+        chosen = [e for e in self._on_best() if beam_size(e) == 1 and set(e.get("options_given") or ()) <= {"beam_size"}]
         return chosen[-1] if chosen else None
 
 

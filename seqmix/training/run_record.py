@@ -48,17 +48,20 @@ def start_record(run_dir: str | Path | None, overrides: list[str], tags: list[st
 
 
 def record_evaluation(run_dir: str | Path | None, split: str, decoding: str, checkpoint: str,
-                      metrics: dict[str, float], details: list[str] = ()) -> bool:
+                      metrics: dict[str, float], details: list[str] = (), options_given: list[str] = ()) -> bool:
     """Add one scored decode to ``run_dir``'s ``evaluations`` (replacing an earlier one of the same split, decoding
     settings and checkpoint): its metrics and detail lines (the metrics' signatures), the commit and machine that
-    decoded. False when ``run_dir`` holds no record (not a training run's folder): nothing is written."""
+    decoded, and the decoding options the command line set (none: the task's own decoding, which the results tables
+    show; a probe such as ``length_beam=9`` never fills that column). False when ``run_dir`` holds no record (not a
+    training run's folder): nothing is written."""
     from seqmix.training.provenance import machine, source_commit
 
     record = read_record(run_dir) if run_dir is not None else None
     if record is None:
         return False
     entry = {"split": split, "decoding": decoding, "checkpoint": checkpoint, "metrics": dict(metrics),
-             "details": list(details), "commit": source_commit(), "machine": machine(), "when": time.time()}
+             "details": list(details), "options_given": sorted(options_given), "commit": source_commit(),
+             "machine": machine(), "when": time.time()}
     same = (split, decoding, checkpoint)
     kept = [e for e in record.get("evaluations") or []
             if isinstance(e, dict) and (e.get("split"), e.get("decoding"), e.get("checkpoint")) != same]
