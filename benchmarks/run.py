@@ -1,6 +1,7 @@
 """``python -m benchmarks.run [--quick] [--only SECTION ...]`` (``make bench``): benchmarks/results/<timestamp>/ gets
-results.json (settings, environment, every row) and a CSV and a PNG per section. Exit status 1 when a mixer failed its
-check, a recipe failed to train or a data figure failed. Settings: each section's ``Settings`` (and ``QUICK``)."""
+results.json (settings, environment, every row) and a CSV and a PNG per section. Exit status 1, the files written, when
+a row failed (a mixer or conv core its check, a recipe to train, a data figure, a serving engine) or a section raised
+(listed; the other sections still run). Settings: each section's ``Settings`` (and ``QUICK``)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None, settings: dict | None = None) -> int:
         module = SECTIONS[name]
         s = (settings or {}).get(name) or dataclasses.replace(module.Settings(), **(module.QUICK if args.quick else {}))
         section = partial(decoding.section, nat=True) if name == "nat" else module.section
-        results[name], section_failed = section(s, device, out)
+        try:
+            results[name], section_failed = section(s, device, out)
+        except Exception as err:  # the sections before and after it still run and are written
+            why = f"{name}: {type(err).__name__}: {' '.join(str(err).split())}"
+            results[name], section_failed = {"error": why}, [why]
         results[name]["settings"], failed = dataclasses.asdict(s), failed + section_failed
     results["seconds"] = time.perf_counter() - started
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -7,6 +7,7 @@ import csv
 import json
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,6 +85,21 @@ def test_run_exits_1_on_a_wrong_mixer_and_writes_every_file(tmp_path):
     assert report["mixers"]["settings"]["mixers"] == ["broken_nan"] and "torch" in report["environment"]
     for name in ("mixers.csv", "mixers.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_a_section_that_raises_is_listed_and_the_others_are_still_run_and_written(tmp_path, monkeypatch):
+    def raising(s, device, out):
+        raise RuntimeError("the recipe's training step failed")
+
+    first = SimpleNamespace(Settings=mixers.Settings, QUICK={}, section=raising)
+    monkeypatch.setattr(bench_run, "SECTIONS", {"conv_cores": first, "mixers": mixers})  # the raising one first
+    s = replace(TINY, lengths=(16,), mixers=("lightconv",))
+    assert bench_run.main(["--only", "conv_cores", "mixers", "--out", str(tmp_path / "out")],
+                          {"mixers": s, "conv_cores": s}) == 1
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["conv_cores"]["error"] == "conv_cores: RuntimeError: the recipe's training step failed"
+    assert [(r["mixer"], r["status"]) for r in report["mixers"]["rows"]] == [("self_attention", "ok"), ("lightconv", "ok")]
+    assert (tmp_path / "out" / "mixers.csv").stat().st_size > 0
 
 
 def test_ratios_against_the_first_good_base_of_the_same_group_only():

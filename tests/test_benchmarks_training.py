@@ -85,6 +85,25 @@ def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
     assert rows[1]["ms_per_update"] is None and rows[1]["speed_ratio"] is None
 
 
+def test_a_non_finite_loss_fails_the_row_where_the_guard_reads_it_late(multi30k_dir, monkeypatch):
+    """On a GPU the task's guard reads the loss every 50 updates, more than a row makes: the row still fails."""
+    from seqmix.tasks.base import SeqmixTask
+    from seqmix.tasks.translation import TranslationTask
+
+    original = TranslationTask.compute_loss
+
+    def nan_loss(self, batch):
+        loss, nll, ntokens = original(self, batch)
+        return loss * float("nan"), nll, ntokens
+
+    monkeypatch.setattr(TranslationTask, "compute_loss", nan_loss)
+    monkeypatch.setattr(SeqmixTask, "finite_check_interval", 50)  # the accelerator's spacing, on the CPU
+    row = training.measure_row("transformer_small", training.Settings(warmup=0, repeats=2), ["task.data.max_tokens=128"],
+                               CPU)
+    assert row["status"].startswith("FAILED: training loss became non-finite at step 0")
+    assert row["ms_per_update"] is None
+
+
 class _AttentionTask(torch.nn.Module):
     """A stand-in task: one linear layer, then CPU attention over its output (counted by a custom mapping)."""
 
