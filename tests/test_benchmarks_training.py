@@ -67,17 +67,23 @@ def test_updates_group_the_accumulated_batches(multi30k_dir):
     assert row["tgt_tokens_per_update"] > 1.5 * one["tgt_tokens_per_update"]  # two batches per update
 
 
-def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
-    from seqmix.models.convs2s import ConvS2S
+def nan_loss_for(monkeypatch, model_cls: type = torch.nn.Module) -> None:
+    """Every translation loss of a ``model_cls`` model turns NaN (the others are left as they are)."""
     from seqmix.tasks.translation import TranslationTask
 
     original = TranslationTask.compute_loss
 
-    def nan_for_convs2s(self, batch):
+    def nan_loss(self, batch):
         loss, nll, ntokens = original(self, batch)
-        return (loss * float("nan") if isinstance(self.model, ConvS2S) else loss), nll, ntokens
+        return (loss * float("nan") if isinstance(self.model, model_cls) else loss), nll, ntokens
 
-    monkeypatch.setattr(TranslationTask, "compute_loss", nan_for_convs2s)
+    monkeypatch.setattr(TranslationTask, "compute_loss", nan_loss)
+
+
+def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
+    from seqmix.models.convs2s import ConvS2S
+
+    nan_loss_for(monkeypatch, ConvS2S)
     rows = training.run(training.Settings(models=("convs2s_small",), warmup=0, repeats=1, max_tokens=128), CPU,
                         log=lambda *_: None)
     assert rows[0]["status"] == "ok" and rows[0]["speed_ratio"] == 1.0
@@ -88,15 +94,8 @@ def test_a_model_that_does_not_train_is_refused(multi30k_dir, monkeypatch):
 def test_a_non_finite_loss_fails_the_row_where_the_guard_reads_it_late(multi30k_dir, monkeypatch):
     """On a GPU the task's guard reads the loss every 50 updates, more than a row makes: the row still fails."""
     from seqmix.tasks.base import SeqmixTask
-    from seqmix.tasks.translation import TranslationTask
 
-    original = TranslationTask.compute_loss
-
-    def nan_loss(self, batch):
-        loss, nll, ntokens = original(self, batch)
-        return loss * float("nan"), nll, ntokens
-
-    monkeypatch.setattr(TranslationTask, "compute_loss", nan_loss)
+    nan_loss_for(monkeypatch)
     monkeypatch.setattr(SeqmixTask, "finite_check_interval", 50)  # the accelerator's spacing, on the CPU
     row = training.measure_row("transformer_small", training.Settings(warmup=0, repeats=2), ["task.data.max_tokens=128"],
                                CPU)
