@@ -102,7 +102,6 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
                     max_steps=updates, limit_train_batches=updates * accum, max_time=None, limit_val_batches=0,
                     num_sanity_val_steps=0, logger=False, callbacks=[timer], enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=root).fit(task, datamodule=dm)
-    task.raise_if_nonfinite()  # a GPU guard reads the loss every 50 updates, more than a row makes: once more here
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None  # the fit's own
     wall, cpu, tokens, sentences = zip(*timer.updates[s.warmup:])
     flops_per_token = update_flops_per_target_token(task.to(device), dm, device)  # fit's teardown moved it to the CPU

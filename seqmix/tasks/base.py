@@ -144,6 +144,9 @@ class SeqmixTask(L.LightningModule, ABC):
         if (self.global_step + 1) % interval == 0:
             self.raise_if_nonfinite()
 
+    def on_train_end(self) -> None:
+        self.raise_if_nonfinite()  # the updates since the last read-back (a short run on a GPU reads it never)
+
     def raise_if_nonfinite(self) -> None:
         if self._first_nonfinite is None:
             return

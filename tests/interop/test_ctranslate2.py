@@ -41,14 +41,14 @@ def sentences(n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 9))) for _ in range(n)]
 
 
-def trained_checkpoint(path, overrides, steps: int = 150):
-    """A tiny model trained to reverse letter sequences for ``steps`` Adam updates (a couple of seconds)."""
+def trained_checkpoint(path, overrides, steps: int = 150, model: list[str] = TINY):
+    """A tiny model (``model``: TINY) trained to reverse letter sequences for ``steps`` Adam updates (seconds)."""
     train = sentences(400, 0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is faster, and steadier on a shared CPU
     tok = train_tokenizer(train, vocab_size=40)
     torch.manual_seed(0)
-    task = build_task(run_config([*TINY, *overrides]), tok)
+    task = build_task(run_config([*model, *overrides]), tok)
     rng, opt = random.Random(1), torch.optim.Adam(task.model.parameters(), lr=3e-3)
     task.model.train()
     for _ in range(steps):
@@ -122,14 +122,30 @@ def test_the_folder_holds_the_tokenizer_and_says_how_to_use_it(checkpoints, expo
     assert "detokenize" in (folder / "README.md").read_text()
 
 
-def test_an_int8_export_loads_and_decodes_like_float32(checkpoints, tmp_path):
-    out = export_checkpoint(checkpoints["post-norm, shared"], tmp_path / "int8", quantization="int8")
+def test_an_int8_export_loads_and_decodes_like_float32(tmp_path):
+    # four times wider than TINY: on CPUs other than Intel's, CTranslate2 runs int8 through oneDNN, whose error on a
+    # 32-wide toy swamps its scores (benchmarks/README.md, section 5b); at 128 both backends keep to float32's outputs
+    wide = [o.replace("embed_dim=32", "embed_dim=128").replace("ffn_dim=64", "ffn_dim=256") for o in TINY]
+    checkpoint = trained_checkpoint(tmp_path / "wide.ckpt", [], model=wide)
+    out = export_checkpoint(checkpoint, tmp_path / "int8", quantization="int8")
     int8 = CT2Translator(out, intra_threads=1)
     assert int8.info["quantization"] == "int8"
-    fp32 = CT2Translator(export_checkpoint(checkpoints["post-norm, shared"], tmp_path / "fp32"), intra_threads=1)
+    fp32 = CT2Translator(export_checkpoint(checkpoint, tmp_path / "fp32"), intra_threads=1)
+    assert (out / "model.bin").stat().st_size < 0.5 * (tmp_path / "fp32" / "model.bin").stat().st_size
     texts = sentences(40, 7)
-    a, b = int8.translate(texts, beam_size=5), fp32.translate(texts, beam_size=5)
-    assert all(a) and sum(x == y for x, y in zip(a, b)) >= 0.8 * len(texts)
+    best = fp32.translate_hypotheses(texts, beam_size=5)
+    pieces = {i: p for p, i in fp32.target_ids.items()}
+    sources = [[fp32.source_pieces[t] for t in fp32.tokenizer.encode(s)] for s in texts]
+    targets = [[pieces[t] for t in h.tokens] + ["</s>"] for h in best]
+
+    def log_probs(translator):
+        return torch.tensor([p for r in translator.translator.score_batch(sources, targets) for p in r.log_probs])
+
+    # float32's best outputs score about the same under int8 (a wrong scale or a float32 model would not pass)
+    gap = (log_probs(int8) - log_probs(fp32)).abs()
+    assert gap.mean() < 0.2 and gap.max() > 0, gap
+    a, b = int8.translate(texts, beam_size=5), [h.text for h in best]
+    assert all(a) and sum(x == y for x, y in zip(a, b)) >= 0.5 * len(texts)
 
 
 def export_cli(args, tmp_path):

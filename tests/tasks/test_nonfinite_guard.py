@@ -26,7 +26,7 @@ TINY = ["task.data.source.num_train=200", "task.data.source.num_valid=20", "task
         "model.decoder.ffn_dim=32", "model.encoder.heads=2", "model.decoder.heads=2", "task.data.max_tokens=256"]
 
 
-def tiny_run(tmp_path, interval, nan_at):
+def tiny_run(tmp_path, interval, nan_at, checkpoint_every=4):
     cfg = run_config([*TINY, f"task.data.cache_dir={tmp_path / 'cache'}"])
     datamodule = instantiate(cfg.task.data, _convert_="all")
     datamodule.setup("fit")
@@ -42,7 +42,7 @@ def tiny_run(tmp_path, interval, nan_at):
     ckpts = tmp_path / "ckpts"
     trainer = L.Trainer(max_steps=12, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
-                        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=4, save_top_k=-1)])
+                        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=checkpoint_every, save_top_k=-1)])
     with pytest.raises(SeqmixError, match=f"non-finite at step {nan_at}") as info:
         trainer.fit(task, datamodule=datamodule)
     return info, trainer, sorted(p.name for p in ckpts.glob("*.ckpt"))
@@ -59,6 +59,12 @@ def test_a_deferred_check_still_stops_before_the_next_checkpoint(tmp_path):
     _, trainer, ckpts = tiny_run(tmp_path, interval=100, nan_at=5)
     assert trainer.global_step == 8 and ckpts == ["epoch=0-step=4.ckpt"]
     assert not any(torch.isfinite(p).all() for p in trainer.lightning_module.parameters() if p.dim() > 1)
+
+
+def test_a_deferred_check_is_read_once_more_when_training_ends(tmp_path):
+    """A NaN after the last read-back and with no checkpoint to come still fails the fit (a short run on a GPU)."""
+    _, trainer, ckpts = tiny_run(tmp_path, interval=100, nan_at=10, checkpoint_every=100)
+    assert trainer.global_step == 12 and ckpts == []
 
 
 def skip_run(tmp_path, poison, limit=10, steps=12, policy="skip", callbacks=(), plugins=()):
