@@ -134,6 +134,25 @@ class RingState(MixerState):
         value = value.to(self.ring.dtype).unsqueeze(2)
         self.ring = torch.cat([self.ring[:, :, :slot], value, self.ring[:, :, slot + 1:]], dim=2)
 
+    def push(self, value: Tensor) -> None:
+        """Write the next input ``value`` (B, H, C / H) in slot ``step % K`` and count it. Compiled, the slot is a
+        tensor: indexing by the int would specialize the graph on ``step % K``, one graph per step of a cycle."""
+        k = self.ring.size(2)
+        if torch.compiler.is_compiling():
+            hit = (torch.arange(k, device=self.ring.device) == self.step % k).view(k, 1)
+            self.ring = torch.where(hit, value.to(self.ring.dtype).unsqueeze(2), self.ring)
+        else:
+            self.write(self.step % k, value)
+        self.step += 1
+
+    def in_ring_order(self, taps: Tensor) -> Tensor:
+        """``taps`` (..., K), oldest input's first, laid on the slots of the inputs they weigh (after ``push``): the
+        oldest input in the window, ``step - K``, lives in slot ``step % K``."""
+        k = taps.size(-1)
+        if torch.compiler.is_compiling():
+            return taps.index_select(-1, (torch.arange(k, device=taps.device) - self.step) % k)
+        return taps.roll(self.step % k, dims=-1)
+
     def reorder(self, index: Tensor) -> None:
         self.ring = index_select_batch(self.ring, index)
 
@@ -181,13 +200,9 @@ class HeadConvMixer(ProjectedConvMixer):
             state.ring = taps.new_zeros(bsz, conv.num_heads, k, channels // conv.num_heads)
         outs = []
         for j in range(n):
-            slot = state.step % k
-            state.write(slot, x[:, j].view(bsz, conv.num_heads, -1))
-            w = taps if taps.dim() == 2 else taps[:, j]
-            # time-ordered window position p (oldest first) lives in slot (slot + 1 + p) % K
-            w = w.roll(slot + 1, dims=-1).unsqueeze(-2)  # (H, 1, K) or (B, H, 1, K)
+            state.push(x[:, j].view(bsz, conv.num_heads, -1))
+            w = state.in_ring_order(taps if taps.dim() == 2 else taps[:, j]).unsqueeze(-2)  # (H, 1, K) / (B, H, 1, K)
             outs.append(torch.matmul(w, state.ring).view(bsz, 1, channels))
-            state.step += 1
         y = (outs[0] if n == 1 else torch.cat(outs, dim=1)).to(x.dtype)
         bias = conv.output_bias()
         return y if bias is None else y + bias
