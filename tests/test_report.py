@@ -6,14 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from seqmix.report import report
-from tests.helpers import ROOT, TINY, run
+from tests.helpers import TINY, run
 
 
 def describe(proc) -> str:
@@ -34,8 +32,7 @@ def test_a_real_multirun_becomes_a_table_with_its_failed_jobs(tmp_path):
     assert records["0"]["tags"] == ["sweep_test"] and "optim.lr=0.001" in records["0"]["overrides"]
     assert records["1"]["error"].startswith("the loss became non-finite") or "non-finite" in records["1"]["error"]
 
-    cli = subprocess.run([sys.executable, "-m", "seqmix.report", str(sweep)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+    cli = run("seqmix.report", [str(sweep)], tmp_path / "report")
     assert cli.returncode == 0, describe(cli)
     lines = cli.stdout.splitlines()
     assert lines[0].startswith("| mixer | optim.lr | jobs | status | BLEU | parameters |")
@@ -90,8 +87,8 @@ def test_seeds_group_as_mean_and_std_and_unfinished_jobs_are_listed(tmp_path):
 
 
 def test_a_folder_without_jobs_is_one_clear_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(tmp_path)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    (tmp_path / "empty").mkdir()
+    proc = run("seqmix.report", [str(tmp_path / "empty")], tmp_path / "report")
     assert proc.returncode == 2 and proc.stderr.startswith("seqmix: error:") and len(proc.stderr.splitlines()) == 1
 
 
@@ -110,7 +107,6 @@ def test_a_damaged_overrides_file_is_named_in_one_line(tmp_path):
     sweep = tmp_path / "sweep"
     fake_job(sweep, "0", ["seed=1"], {"status": "finished", "score": 1.0})
     (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- seed=1\n- [unclosed\n")
-    proc = subprocess.run([sys.executable, "-m", "seqmix.report", str(sweep)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    proc = run("seqmix.report", [str(sweep)], tmp_path / "report")
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"seqmix: error: {sweep / '0' / '.hydra' / 'overrides.yaml'} is damaged")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from argparse import Namespace
 
 import pytest
@@ -20,6 +19,7 @@ from omegaconf import OmegaConf
 from seqmix.config.build import build_model
 from seqmix.errors import SeqmixError
 from seqmix.interop.fairseq import language_model_from_fairseq, language_model_to_fairseq, read_fairseq
+from tests.helpers import run
 from tests.interop.fairseq_builders import Weights
 from tests.interop.test_fairseq_roundtrip import composed
 
@@ -265,9 +265,8 @@ def test_a_lightconv_lm_with_a_final_norm_is_not_exported():
         language_model_to_fairseq(model_cfg, adaptive, model.state_dict())
 
 
-def command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", *args], capture_output=True, text=True,
-                          timeout=300)
+def command(log_dir, *args: str) -> subprocess.CompletedProcess:
+    return run("seqmix.interop.fairseq", list(args), log_dir / "command")
 
 
 def test_the_commands_export_and_import_a_language_model(tmp_path):
@@ -278,11 +277,12 @@ def test_the_commands_export_and_import_a_language_model(tmp_path):
 
     original = saved_seqmix_checkpoint(tmp_path, [*LM, *CASES["transformer, tied adaptive input and softmax"][:2],
                                                   "task.adaptive.cutoffs=[10,30]", "task.data.tokens_per_sample=64"])
-    done = command("export", str(original), "--out", str(tmp_path / "fairseq"))
+    done = command(tmp_path, "export", str(original), "--out", str(tmp_path / "fairseq"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert {p.name for p in (tmp_path / "fairseq").iterdir()} == {"checkpoint.pt", "dict.txt", "seqmix_tokenizer.json"}
     assert torch.load(tmp_path / "fairseq" / "checkpoint.pt", weights_only=False)["args"].arch == "transformer_lm"
-    done = command("import", str(tmp_path / "fairseq" / "checkpoint.pt"), "--data-dir", str(tmp_path / "fairseq"),
+    done = command(tmp_path, "import", str(tmp_path / "fairseq" / "checkpoint.pt"),
+                   "--data-dir", str(tmp_path / "fairseq"),
                    "--out", str(tmp_path / "back.ckpt"))
     assert done.returncode == 0, done.stderr[-2000:]
     (before, _), (after, _) = load_task(original), load_task(tmp_path / "back.ckpt")
@@ -298,14 +298,15 @@ def test_a_fairseq_language_model_imports_with_its_dict_txt(tmp_path):
 
     torch.save(container_of(fairseq_transformer_lm(True, False, False)), tmp_path / "lm.pt")
     FairseqDictionary([f"w{i}" for i in range(V - 4)]).save(tmp_path / "dict.txt")
-    done = command("import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path), "--no-moses",
+    done = command(tmp_path, "import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path), "--no-moses",
                    "--out", str(tmp_path / "lm.ckpt"))
     assert done.returncode == 0, done.stderr[-2000:]
     task = load_task(tmp_path / "lm.ckpt")[0]
     assert task.tokenizer.encode("w0 w41") == [4, 45]
     assert math.isfinite(task.evaluate_texts(["w0 w41 w7", "w3"])[1].score)
     FairseqDictionary([f"w{i}" for i in range(V - 5)]).save(tmp_path / "dict.txt")
-    done = command("import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path), "--out", str(tmp_path / "x.ckpt"))
+    done = command(tmp_path, "import", str(tmp_path / "lm.pt"), "--data-dir", str(tmp_path),
+                   "--out", str(tmp_path / "x.ckpt"))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "dict.txt it was trained with" in done.stderr
 
 

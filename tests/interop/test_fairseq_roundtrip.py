@@ -5,8 +5,6 @@ re-imported, holds the same weights and decodes to identical hypotheses; what fa
 from __future__ import annotations
 
 import gzip
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -109,46 +107,45 @@ def test_what_fairseq_cannot_express_is_refused(overrides, needle):
 def test_import_command_and_generate_translate_raw_text(tmp_path):
     torch.save(tiny_transformer_checkpoint(tmp_path), tmp_path / "checkpoint.pt")
     data = tmp_path / "data"
-    env_run = dict(cwd=tmp_path, capture_output=True, text=True, timeout=300)
     (tmp_path / "bpecodes").write_text("#version: 0.2\nw 1</w>\n")  # only "w1" is one piece; "w11" is w@@ 1@@ 1
-    proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "checkpoint.pt"),
-                           "--data-dir", str(data), "--bpe-codes", str(tmp_path / "bpecodes"),
-                           "--out", str(tmp_path / "m.ckpt")], **env_run)
+    proc = run("seqmix.interop.fairseq", ["import", str(tmp_path / "checkpoint.pt"), "--data-dir", str(data),
+                                          "--bpe-codes", str(tmp_path / "bpecodes"), "--out", str(tmp_path / "m.ckpt")],
+               tmp_path)
     assert proc.returncode == 0, proc.stderr
     tokenizer = load_task(tmp_path / "m.ckpt")[0].tokenizer
     assert [len(tokenizer.encode(w)) for w in ("w1", "w11")] == [1, 3]
     (tmp_path / "in.txt").write_text("w1 w2 w3\nw4 w5\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
-                           f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'hyp.txt'}", "beam_size=2",
-                           f"hydra.run.dir={tmp_path / 'run'}"], **env_run)
+    proc = run("generate.py", [f"ckpt_path={tmp_path / 'm.ckpt'}", f"input={tmp_path / 'in.txt'}",
+                               f"output={tmp_path / 'hyp.txt'}", "beam_size=2", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 2
     (data / "valid.de").write_text("w1 w2 w3\nw4 w5\n")  # split= reads the data folder given at import
     (data / "valid.en").write_text("w6 w7\nw8\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "generate.py"), f"ckpt_path={tmp_path / 'm.ckpt'}",
-                           "split=valid", f"output={tmp_path / 'valid.txt'}", "beam_size=2",
-                           f"hydra.run.dir={tmp_path / 'run2'}"], **env_run)
+    proc = run("generate.py", [f"ckpt_path={tmp_path / 'm.ckpt'}", "split=valid", f"output={tmp_path / 'valid.txt'}",
+                               "beam_size=2", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "BLEU" in proc.stdout and len((tmp_path / "valid.txt").read_text().splitlines()) == 2
-    proc = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", "import", str(tmp_path / "in.txt"),
-                           "--data-dir", str(data), "--out", str(tmp_path / "x.ckpt")], **env_run)
+    proc = run("seqmix.interop.fairseq", ["import", str(tmp_path / "in.txt"), "--data-dir", str(data), "--out",
+                                          str(tmp_path / "x.ckpt")], tmp_path)
     assert proc.returncode == 2 and "seqmix: error:" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize("recipe", ["multi30k_lightconv_cpu", "multi30k_convs2s_cpu"])  # fairseq's lightconv and fconv
 def test_a_multi30k_recipe_model_exported_and_reimported_translates_identically(tmp_path, multi30k_dir, recipe):
-    """The recipe's own model (full size, its 8K joint BPE), briefly trained by train.py: export → import → the same
-    beam-5 translations of Multi30k valid sentences, through generate.py as a user runs it."""
-    proc = run("train.py", [f"experiment={recipe}", "logger=csv", "~callbacks.progress_bar", "trainer.max_steps=6",
-                            "trainer.max_time=null", "trainer.val_check_interval=6", "trainer.limit_val_batches=1",
+    """The recipe's own model (full size, its 8K joint BPE), briefly trained by train.py (3 updates of 1,024-token
+    batches): export → import → the same beam-5 translations of Multi30k valid sentences, through generate.py as a
+    user runs it."""
+    proc = run("train.py", [f"experiment={recipe}", "logger=csv", "~callbacks.progress_bar", "trainer.max_steps=3",
+                            "task.data.max_tokens=1024", "trainer.max_time=null", "trainer.val_check_interval=3",
+                            "trainer.limit_val_batches=1",
                             "run_test=false", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trained = tmp_path / "run" / "checkpoints" / "best.ckpt"
     for command in (["export", str(trained), "--out", str(tmp_path / "fairseq")],
                     ["import", str(tmp_path / "fairseq" / "checkpoint.pt"), "--data-dir", str(tmp_path / "fairseq"),
                      "--out", str(tmp_path / "back.ckpt")]):
-        done = subprocess.run([sys.executable, "-m", "seqmix.interop.fairseq", *command], capture_output=True,
-                              text=True, timeout=300)
+        done = run("seqmix.interop.fairseq", command, tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
     with gzip.open(multi30k_dir / "val.en.gz", "rt", encoding="utf-8") as f:
         sources = f.read().splitlines()[:24]
