@@ -15,6 +15,7 @@ from seqmix.report.results import (
     RESULTS_END,
     Recipe,
     add_run,
+    machine_warning,
     read_recipes,
     readme_section,
     results_text,
@@ -240,3 +241,19 @@ def test_add_refuses_runs_that_cannot_make_a_row(tmp_path):
     with pytest.raises(SeqmixError, match="experiment="):
         add_run(tmp_path / "a", tmp_path / "records")
     assert not (tmp_path / "records").exists()
+
+
+def test_adding_a_run_from_another_machine_kind_says_so_at_once(tmp_path):
+    write_records(tmp_path / "records", {"m30k_t": record("m30k_t", "transformer_small", [])})
+    same, other = tmp_path / "same", tmp_path / "other"
+    for run_dir, machine in ((same, AVX512), (other, {**AVX512, "cpu_flags": ["avx2"]})):
+        run_dir.mkdir()
+        rec = record(run_dir.name, "lightconv_small", [evaluation(BEAM5, {"bleu": 30.0, "bp": 1.0})], machine=machine)
+        (run_dir / "run.json").write_text(json.dumps(rec))
+    assert machine_warning(read_recipes(tmp_path / "records"), set()) is None
+    add_run(same, tmp_path / "records")
+    assert machine_warning(read_recipes(tmp_path / "records"), {"same"}) is None
+    add_run(other, tmp_path / "records")
+    line = machine_warning(read_recipes(tmp_path / "records"), {"other"})
+    assert line.startswith("warning: other ran on AMD EPYC, 2 threads, AVX2, the other rows on AMD EPYC, 2 threads, "
+                           "AVX512-BF16")

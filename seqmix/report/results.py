@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,11 +307,30 @@ def readme_section(readme: Path) -> str:
     return section + "\n" if section else ""
 
 
+def machine_warning(recipes: list[Recipe], added: set[str]) -> str | None:
+    """A line when the runs just added ran on another machine kind than the rows they join: said at once, not only
+    in the README's first line, as updates and wall time then stop comparing across rows."""
+    kinds = {r.name: machine_label(r.record.get("machine")) for r in recipes}
+    others = {kind for name, kind in kinds.items() if name not in added}
+    new = {kinds[name] for name in added if name in kinds}
+    if not others or new <= others:
+        return None
+    return (f"warning: {', '.join(sorted(added))} ran on {'; '.join(sorted(new))}, the other rows on "
+            f"{'; '.join(sorted(others))}: the tables now mix machine kinds (their updates and wall time compare "
+            "only within one)")
+
+
 def run(args) -> None:
     folder = Path(args.records)
+    added = set()
     for run_dir in args.add or []:
-        print(f"added {add_run(Path(run_dir), folder)}")
+        target = add_run(Path(run_dir), folder)
+        added.add(target.stem)
+        print(f"added {target}")
     recipes = read_recipes(folder)
+    warning = machine_warning(recipes, added)
+    if warning:
+        print(warning, file=sys.stderr)
     text = results_text(recipes)
     if args.readme:
         write_readme(Path(args.readme), text)
