@@ -147,12 +147,14 @@ def mixer_name(request):
     return request.param
 
 
-def make(name, causal, seed=0):
-    """Built as a stack builds it: from the group config, with the side's causality and the stack's heads."""
+def make(name, causal, seed=0, **extra):
+    """Built as a stack builds it: from the group config (``extra`` overriding it), with the side's causality and the
+    stack's heads."""
     base, options, heads = MIXERS[name]
     cfg = mixer_config(base, [TEST_CONF])
     if "kernel_size" in cfg and "kernel_size" not in options:
         options = {**options, "kernel_size": K}
+    options = {**options, **extra}
     torch.manual_seed(seed)
     return build_mixer(mixer_factory(base, [TEST_CONF], **options), C, causal, 0, heads).eval()
 
@@ -343,17 +345,21 @@ def test_incremental_state_needs_causal(mixer_name):
         m(torch.randn(1, 1, C), state=make(mixer_name, causal=True).init_state())
 
 
-TRITON_MIXERS = {"lightconv": LightConv, "dynamicconv": DynamicConv}
+# the group's mixers with a Triton kernel: those whose config has a kernel_backend
+TRITON_MIXERS = sorted(name for name in GROUP if "kernel_backend" in mixer_config(MIXERS[name][0], [TEST_CONF]))
+
+
+def test_the_triton_mixers_are_read_from_the_group():
+    assert {"lightconv", "dynamicconv", "talk"} <= set(TRITON_MIXERS) and "self_attention" not in TRITON_MIXERS
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("name", sorted(TRITON_MIXERS))
+@pytest.mark.parametrize("name", TRITON_MIXERS)
 def test_triton_path_equals_torch_path(name, causal):
     """kernel_backend=triton (the interpreter on CPU) and the PyTorch path agree, forward and backward."""
-    torch.manual_seed(0)
-    fast = TRITON_MIXERS[name](C, H, K, causal=causal, kernel_backend="torch").eval()
-    kern = TRITON_MIXERS[name](C, H, K, causal=causal, kernel_backend="triton").eval()
+    fast = make(name, causal, kernel_backend="torch")
+    kern = make(name, causal, kernel_backend="triton")
     kern.load_state_dict(fast.state_dict())
     x = torch.randn(2, 6, C)
     mask = None if causal else torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
