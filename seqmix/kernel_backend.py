@@ -87,20 +87,22 @@ def use_triton(backend: str, x: Tensor) -> bool:
     return True
 
 
-# (kernel, dtype) pairs whose first launch built and ran, and those whose build failed (with the error): under
+# (kernel, dtype, build) keys whose first launch built and ran, and those whose build failed (with the error): under
 # ``auto`` a failed one runs the PyTorch path for the rest of the process
-_LAUNCHED: set[tuple[str, torch.dtype]] = set()
-_UNAVAILABLE: dict[tuple[str, torch.dtype], str] = {}
+_LAUNCHED: set[tuple] = set()
+_UNAVAILABLE: dict[tuple, str] = {}
 
 
-def triton_function(backend: str, x: Tensor, kernel: Kernel, fallback: Callable | None = None) -> Callable | None:
+def triton_function(backend: str, x: Tensor, kernel: Kernel, fallback: Callable | None = None,
+                    build: tuple[str, ...] = ()) -> Callable | None:
     """``kernel``'s op when this call should use Triton, else None (the caller's PyTorch path). Without Triton
     installed, ``auto`` falls back to the PyTorch path (which also runs on CUDA) and ``triton`` is an error. Under
-    ``auto`` with a ``fallback`` (the PyTorch path, same arguments), a kernel whose first launch for x's dtype fails in
-    Triton (a compile error, too little shared memory on this GPU) warns once and runs ``fallback`` from then on."""
+    ``auto`` with a ``fallback`` (the PyTorch path, same arguments), a kernel whose first launch for x's dtype and
+    ``build`` (what else it is compiled for, e.g. ``("K=31",)``: one K can need more shared memory than another) fails
+    in Triton (a compile error, too little shared memory on this GPU) warns once and runs ``fallback`` from then on."""
     if not use_triton(backend, x):
         return None
-    key = (kernel.name, x.dtype)
+    key = (kernel.name, x.dtype, *build)
     if backend == "auto" and key in _UNAVAILABLE:
         return None
     try:
@@ -122,7 +124,8 @@ def triton_function(backend: str, x: Tensor, kernel: Kernel, fallback: Callable 
             if type(err).__module__.split(".")[0] != "triton":
                 raise
             _UNAVAILABLE[key] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
-            warnings.warn(f"seqmix: the {kernel.name} Triton kernel failed to build for {str(x.dtype)[6:]} on this GPU "
+            built_for = ", ".join([str(x.dtype)[6:], *build])
+            warnings.warn(f"seqmix: the {kernel.name} Triton kernel failed to build for {built_for} on this GPU "
                           f"({_UNAVAILABLE[key]}); running its PyTorch path instead (kernel_backend=torch to choose "
                           "it, kernel_backend=triton to make this an error)", stacklevel=2)
             return fallback(*args)

@@ -53,5 +53,6 @@ class HeadConvolution(nn.Module):
     def convolve(self, x: Tensor, w: Tensor, padding_l: int) -> Tensor:
         """The Triton op or the PyTorch core, opaque to torch.compile: both are already one fused call, and tracing
         them would break on the op lookup (an import) and on the core's strided in-place band writes."""
-        kernel = triton_function(self.kernel_backend, x, self.triton_kernel, fallback=banded_conv)
+        kernel = triton_function(self.kernel_backend, x, self.triton_kernel, fallback=banded_conv,
+                                 build=(f"K={w.size(-1)}",))
         return banded_conv(x, w, padding_l) if kernel is None else kernel(x, w, padding_l)

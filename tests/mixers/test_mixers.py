@@ -432,6 +432,33 @@ def test_auto_falls_back_once_to_the_pytorch_path_when_a_kernel_fails_to_build(m
     assert backend.triton_function("auto", x, ok, fallback=banded_conv) is identity  # launched once: no wrapper
 
 
+def test_a_kernel_size_that_fails_to_build_neither_disables_nor_unguards_the_others(monkeypatch):
+    """Layers with K=3 and K=7 (per-layer kernel sizes): K=3 built and ran, K=7 needs more shared memory than the GPU
+    has. K=7's first launch is still guarded (warns, runs the PyTorch path), and K=3 keeps its kernel."""
+    from triton.runtime.errors import OutOfResources
+
+    from seqmix import kernel_backend as backend
+    from seqmix.layers.banded import banded_conv
+
+    monkeypatch.setattr(backend, "_LAUNCHED", set())
+    monkeypatch.setattr(backend, "_UNAVAILABLE", {})
+    monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
+
+    def sized(x, w, padding_l):
+        if w.size(-1) > 5:
+            raise OutOfResources(232448, 166912, "shared memory")
+        return banded_conv(x, w, padding_l)
+
+    kernel = backend.Kernel("sized", lambda: sized)
+    x, small, large = torch.randn(2, 5, C), torch.softmax(torch.randn(2, 3), -1), torch.softmax(torch.randn(2, 7), -1)
+    backend.triton_function("auto", x, kernel, fallback=banded_conv, build=("K=3",))(x, small, 1)
+    with pytest.warns(UserWarning, match="failed to build for float32, K=7"):
+        y = backend.triton_function("auto", x, kernel, fallback=banded_conv, build=("K=7",))(x, large, 3)
+    torch.testing.assert_close(y, banded_conv(x, large, 3))
+    assert backend.triton_function("auto", x, kernel, fallback=banded_conv, build=("K=7",)) is None
+    assert backend.triton_function("auto", x, kernel, fallback=banded_conv, build=("K=3",)) is sized
+
+
 def test_each_conv_mixer_names_its_kernel_by_import():
     from seqmix import kernel_backend as backend
     from triton_kernels.dynamicconv import dynamicconv
