@@ -391,17 +391,24 @@ def test_without_triton_auto_falls_back_and_triton_is_a_clear_error(monkeypatch)
     assert backend.triton_function("auto", x, kernel) is None
 
 
-def test_auto_falls_back_once_to_the_pytorch_path_when_a_kernel_fails_to_build(monkeypatch):
+@pytest.fixture
+def backend(monkeypatch):
+    """``seqmix.kernel_backend`` with an empty memo of built and failed kernels, every call taking the Triton path."""
+    from seqmix import kernel_backend
+
+    monkeypatch.setattr(kernel_backend, "_LAUNCHED", set())
+    monkeypatch.setattr(kernel_backend, "_UNAVAILABLE", {})
+    monkeypatch.setattr(kernel_backend, "use_triton", lambda name, x: True)
+    return kernel_backend
+
+
+def test_auto_falls_back_once_to_the_pytorch_path_when_a_kernel_fails_to_build(backend):
     """A Triton error at a kernel's first launch for a dtype (here: too little shared memory) warns once, and that
     call and every later one run the PyTorch path; explicit ``triton`` keeps the error; other errors are not hidden."""
     from triton.runtime.errors import OutOfResources
 
-    from seqmix import kernel_backend as backend
     from seqmix.layers.banded import banded_conv
 
-    monkeypatch.setattr(backend, "_LAUNCHED", set())
-    monkeypatch.setattr(backend, "_UNAVAILABLE", {})
-    monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
     launches = []
 
     def failing(x, w, padding_l):
@@ -432,17 +439,13 @@ def test_auto_falls_back_once_to_the_pytorch_path_when_a_kernel_fails_to_build(m
     assert backend.triton_function("auto", x, ok, fallback=banded_conv) is identity  # launched once: no wrapper
 
 
-def test_a_kernel_size_that_fails_to_build_neither_disables_nor_unguards_the_others(monkeypatch):
+def test_a_kernel_size_that_fails_to_build_neither_disables_nor_unguards_the_others(backend):
     """Layers with K=3 and K=7 (per-layer kernel sizes): K=3 built and ran, K=7 needs more shared memory than the GPU
     has. K=7's first launch is still guarded (warns, runs the PyTorch path), and K=3 keeps its kernel."""
     from triton.runtime.errors import OutOfResources
 
-    from seqmix import kernel_backend as backend
     from seqmix.layers.banded import banded_conv
 
-    monkeypatch.setattr(backend, "_LAUNCHED", set())
-    monkeypatch.setattr(backend, "_UNAVAILABLE", {})
-    monkeypatch.setattr(backend, "use_triton", lambda name, x: True)
 
     def sized(x, w, padding_l):
         if w.size(-1) > 5:
