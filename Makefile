@@ -58,7 +58,7 @@ fuzz:
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COMMAND_FUZZ_EXAMPLES=$(COMMAND_FUZZ_EXAMPLES) $(PY) -m pytest -q \
 		--hypothesis-show-statistics tests/test_fuzz_configs.py tests/test_fuzz_commands.py
 
-# the README's results tables, from the recipe runs' records in benchmarks/results/recipes (seqmix/report/results.py)
+# the README's results tables, one set per machine kind, from the recipe runs' records in benchmarks/results/recipes (seqmix/report/results.py)
 results:
 	$(PY) -m seqmix.report results --readme README.md
 

@@ -15,7 +15,8 @@ from seqmix.report.results import (
     RESULTS_END,
     Recipe,
     add_run,
-    machine_warning,
+    kind_folder,
+    main,
     read_recipes,
     readme_section,
     results_text,
@@ -70,18 +71,19 @@ def fixture_records():
     return {"m30k_t": translation, "m30k_l": rescored, "wt2_t": lm, "ds_l": summary}
 
 
-EXPECTED = """**The rows below ran on 3 machine kinds**, so updates and wall time compare only within one: NVIDIA H100 (ds_l); AMD EPYC, 2 threads, AVX2 (m30k_l); AMD EPYC, 2 threads, AVX512-BF16 (m30k_t, wt2_t).
+EXPECTED = """The rows below ran on 3 machine kinds, each with its own tables (updates and wall time compare only within one): AMD EPYC, 2 threads, AVX512-BF16 (2 recipes); AMD EPYC, 2 threads, AVX2 (1 recipe); NVIDIA H100 (1 recipe).
 
-### Translation
+### On AMD EPYC, 2 threads, AVX512-BF16
+
+#### Translation
 
 | recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid sacreBLEU, beam 5 (BP) | papers' BLEU, beam 5 | valid sacreBLEU, greedy (BP) | machine | commit |
 |---|---|---|---|---|---|---|---|---|---|
-| `experiment=m30k_l` | lightconv_small (512K) | 2,084 | 47.2 | 32-true | 36.50 (0.980) | - | - | AMD EPYC, 2 threads, AVX2 | `0123456789ab` |
 | `experiment=m30k_t seed=2` | transformer_small (7.6M) | 2,084 | 47.2 | bf16-mixed | 35.00 (0.970) | 35.40 / 35.20 | 33.50 (0.950) | AMD EPYC, 2 threads, AVX512-BF16 | `0123456789ab` |
 
 sacreBLEU of detokenized output against the raw references (signature `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`) with its brevity penalty; papers' BLEU: (1) BLEU (tokenized, lowercase, sacremoses 0.1.1 de; nrefs:1|tok:none); greedy: `python generate.py ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`.
 
-### Language modeling
+#### Language modeling
 
 | recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid perplexity | machine | commit |
 |---|---|---|---|---|---|---|---|
@@ -89,7 +91,19 @@ sacreBLEU of detokenized output against the raw references (signature `nrefs:1|c
 
 Perplexity over the whole valid split, best.ckpt.
 
-### Summarization
+### On AMD EPYC, 2 threads, AVX2
+
+#### Translation
+
+| recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid sacreBLEU, beam 5 (BP) | papers' BLEU, beam 5 | valid sacreBLEU, greedy (BP) | machine | commit |
+|---|---|---|---|---|---|---|---|---|---|
+| `experiment=m30k_l` | lightconv_small (512K) | 2,084 | 47.2 | 32-true | 36.50 (0.980) | - | - | AMD EPYC, 2 threads, AVX2 | `0123456789ab` |
+
+sacreBLEU of detokenized output against the raw references (signature `-`) with its brevity penalty; papers' BLEU: none; greedy: `python generate.py ckpt_path=<run>/checkpoints/best.ckpt split=valid beam_size=1`.
+
+### On NVIDIA H100
+
+#### Summarization
 
 | recipe (`python train.py ...`) | model | updates | wall (min) | precision | valid ROUGE-1/2/L/Lsum F1, task's decoding | valid ROUGE, greedy | lead-N baseline, same split | machine | commit |
 |---|---|---|---|---|---|---|---|---|---|
@@ -224,7 +238,7 @@ def test_a_real_run_is_recorded_added_and_tabulated(tmp_path):
                if line.startswith(("valid BLEU:", "BLEU:"))]
     assert [e["metrics"]["bleu"] for e in rec["evaluations"]] == pytest.approx(printed, abs=0.005)
     target = add_run(runs, tmp_path / "records")
-    assert target.name == "multi30k_transformer_cpu.json"
+    assert (target.parent.name, target.name) == (kind_folder(rec["machine"]), "multi30k_transformer_cpu.json")
     [row] = [line for line in results_text(read_recipes(tmp_path / "records")).splitlines()
              if line.startswith("| `experiment=multi30k_transformer_cpu")]
     assert f"{printed[0]:.2f} (" in row and f"{printed[1]:.2f} (" in row and "`experiment=multi30k_transformer_cpu" in row
@@ -243,17 +257,36 @@ def test_add_refuses_runs_that_cannot_make_a_row(tmp_path):
     assert not (tmp_path / "records").exists()
 
 
-def test_adding_a_run_from_another_machine_kind_says_so_at_once(tmp_path):
-    write_records(tmp_path / "records", {"m30k_t": record("m30k_t", "transformer_small", [])})
-    same, other = tmp_path / "same", tmp_path / "other"
-    for run_dir, machine in ((same, AVX512), (other, {**AVX512, "cpu_flags": ["avx2"]})):
+def test_a_run_on_another_machine_kind_makes_its_own_tables_and_replaces_only_its_kind_s_record(tmp_path, capsys):
+    """The same recipe on two machine kinds is two rows in two sets of tables; a re-run on one kind moves only that
+    kind's record to earlier/; the command says at once which tables a run joined."""
+    records = tmp_path / "records"
+    avx2 = {**AVX512, "cpu_flags": ["avx2"]}
+    for n, machine in enumerate((AVX512, avx2, avx2)):
+        run_dir = tmp_path / f"run{n}"
         run_dir.mkdir()
-        rec = record(run_dir.name, "lightconv_small", [evaluation(BEAM5, {"bleu": 30.0, "bp": 1.0})], machine=machine)
+        rec = record("m30k_t", "transformer_small", [evaluation(BEAM5, {"bleu": 30.0 + n, "bp": 1.0})],
+                     machine=machine, commit=f"{n}" * 12)
         (run_dir / "run.json").write_text(json.dumps(rec))
-    assert machine_warning(read_recipes(tmp_path / "records"), set()) is None
-    add_run(same, tmp_path / "records")
-    assert machine_warning(read_recipes(tmp_path / "records"), {"same"}) is None
-    add_run(other, tmp_path / "records")
-    line = machine_warning(read_recipes(tmp_path / "records"), {"other"})
-    assert line.startswith("warning: other ran on AMD EPYC, 2 threads, AVX2, the other rows on AMD EPYC, 2 threads, "
-                           "AVX512-BF16")
+        assert main(["--add", str(run_dir), "--records", str(records)]) == 0
+        kind = "AMD EPYC, 2 threads, AVX512-BF16" if n == 0 else "AMD EPYC, 2 threads, AVX2"
+        assert f"m30k_t.json: a row of the tables on {kind} (1 recipe there)" in capsys.readouterr().out
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == [
+        "amd-epyc-2-threads-avx2/m30k_t.json", "amd-epyc-2-threads-avx512-bf16/m30k_t.json",
+        "earlier/m30k_t.111111111111.1.json"]
+    text = results_text(read_recipes(records))
+    assert text.splitlines()[0] == ("The rows below ran on 2 machine kinds, each with its own tables (updates and "
+                                    "wall time compare only within one): AMD EPYC, 2 threads, AVX2 (1 recipe); "
+                                    "AMD EPYC, 2 threads, AVX512-BF16 (1 recipe).")
+    tables = text.split("### On ")[1:]
+    assert [t.splitlines()[0] for t in tables] == ["AMD EPYC, 2 threads, AVX2", "AMD EPYC, 2 threads, AVX512-BF16"]
+    assert ["32.00 (1.000)" in tables[0], "30.00 (1.000)" in tables[1]] == [True, True]
+    assert "31.00" not in text
+
+
+def test_two_records_of_one_recipe_on_one_machine_kind_are_named(tmp_path):
+    rec = record("m30k_t", "transformer_small", [evaluation(BEAM5, {"bleu": 30.0, "bp": 1.0})])
+    write_records(tmp_path, {"m30k_t": rec})
+    write_records(tmp_path / kind_folder(AVX512), {"m30k_t": rec})
+    with pytest.raises(SeqmixError, match="m30k_t.json and .*m30k_t.json are both m30k_t on AMD EPYC"):
+        read_recipes(tmp_path)

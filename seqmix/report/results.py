@@ -3,20 +3,18 @@
 
 ``--add`` copies a finished run's ``run.json`` (``seqmix.training.run_record``: overrides, machine, commit, updates,
 wall time and every scored decode of its checkpoints) into the records folder (``benchmarks/results/recipes``), one
-file per recipe, named after its ``experiment=``; the record it replaces moves to ``earlier/`` beside it (kept, never
-tabulated). The tables then come from those files alone: one per kind of task
-(translation: sacreBLEU with its brevity penalty for the task's own decoding and greedy, and the papers' BLEU;
-language modeling: perplexity; summarization: ROUGE), one row per recipe. ``--readme`` rewrites the part of the
-README between the two ``RESULTS_BEGIN``/``RESULTS_END`` marks; without it the tables are printed. A first line says
-whether every row ran on one machine kind, and names each kind with its recipes when not (updates and wall time are
-comparable only within one kind).
+file per recipe and machine kind (``<machine kind>/<experiment>.json``); the record it replaces moves to ``earlier/``
+(kept, never tabulated). The tables then come from those files alone: one set per machine kind, since updates and wall
+time compare only within one, and in it one table per kind of task (translation: sacreBLEU with its brevity penalty
+for the task's own decoding and greedy, and the papers' BLEU; language modeling: perplexity; summarization: ROUGE),
+one row per recipe. ``--readme`` rewrites the part of the README between the two ``RESULTS_BEGIN``/``RESULTS_END``
+marks; without it the tables are printed.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,28 +81,41 @@ def machine_label(machine: dict | None) -> str:
 
 
 def read_recipes(folder: Path) -> list[Recipe]:
-    """Every ``*.json`` record in ``folder``, by name; a damaged file is named, never skipped."""
+    """Every ``*.json`` record in ``folder`` and its machine-kind folders (not ``earlier/``), by name; a damaged file
+    is named, never skipped, and so are two records of one recipe on one machine kind."""
     if not folder.is_dir():
         raise SeqmixError(f"records folder {folder} does not exist: add runs with --add <run dir>")
-    recipes = []
-    for path in sorted(folder.glob("*.json")):
+    recipes, seen = [], {}
+    for path in sorted(folder.rglob("*.json")):
+        if EARLIER in path.relative_to(folder).parts:
+            continue
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise SeqmixError(f"record {path} is damaged ({type(err).__name__}); add its run again with --add") from None
         if not isinstance(record, dict) or record.get("status") != "finished":
             raise SeqmixError(f"record {path} is not a finished run's; add its run again with --add")
+        key = (path.stem, machine_label(record.get("machine")))
+        if key in seen:
+            raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move the other "
+                              f"into {folder / EARLIER})")
+        seen[key] = path
         recipes.append(Recipe(path.stem, record))
     return recipes
+
+
+def kind_folder(machine: dict | None) -> str:
+    """The records folder of a machine kind: its label in lower case, runs of other characters as one ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", machine_label(machine).lower().replace("(r)", "")).strip("-") or "unknown"
 
 
 EARLIER = "earlier"
 
 
 def add_run(run_dir: Path, folder: Path) -> Path:
-    """Copy ``run_dir``'s record into ``folder`` as ``<experiment>.json``; that recipe's earlier record, if another
-    run's (not this run's before a new scoring), moves to ``folder/earlier/<experiment>.<commit>.<n>.json`` first,
-    so no result is lost by a re-run."""
+    """Copy ``run_dir``'s record into ``folder/<machine kind>/<experiment>.json``; that recipe's earlier record on the
+    same machine kind, if another run's (not this run's before a new scoring), moves to
+    ``folder/earlier/<experiment>.<commit>.<n>.json`` first, so no result is lost by a re-run."""
     record = read_record(run_dir)
     if record is None:
         raise SeqmixError(f"{run_dir} has no readable {RECORD}: give the folder of a train.py run")
@@ -113,11 +124,11 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     experiments = [str(o).split("=", 1)[1] for o in record.get("overrides") or [] if str(o).startswith("experiment=")]
     if len(experiments) != 1:
         raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{experiments[0]}.json"
+    target = folder / kind_folder(record.get("machine")) / f"{experiments[0]}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
     data = (run_dir / RECORD).read_bytes()
     if target.is_file() and target.read_bytes() != data and not _same_run(target, record):
-        _keep_earlier(target)
+        _keep_earlier(target, folder / EARLIER)
     atomic_write(target, lambda f: f.write(data))
     return target
 
@@ -133,12 +144,11 @@ def _same_run(target: Path, record: dict) -> bool:
                                                                              for k in same)
 
 
-def _keep_earlier(target: Path) -> Path:
+def _keep_earlier(target: Path, earlier: Path) -> Path:
     try:
         commit = str(json.loads(target.read_text(encoding="utf-8")).get("commit") or "unknown")[:12]
     except (OSError, ValueError, AttributeError):
         commit = "damaged"
-    earlier = target.parent / EARLIER
     earlier.mkdir(exist_ok=True)
     n = 1
     while (earlier / f"{target.stem}.{commit}.{n}.json").exists():
@@ -251,21 +261,21 @@ def kind_of(recipe: Recipe) -> Kind | None:
     return next((k for k in KINDS if final and k.metric in final["metrics"]), None)
 
 
-def machines_line(recipes: list[Recipe]) -> str:
-    """One machine kind for every row, or each kind with its recipes: a reader must see a mixed table at once."""
-    kinds: dict[str, list[str]] = {}
+def by_machine_kind(recipes: list[Recipe]) -> dict[str, list[Recipe]]:
+    """The recipes of each machine kind, the kind with the most first."""
+    kinds: dict[str, list[Recipe]] = {}
     for recipe in recipes:
-        kinds.setdefault(machine_label(recipe.record.get("machine")), []).append(recipe.name)
-    if len(kinds) == 1:
-        return f"Every row below ran on one machine kind: {next(iter(kinds))}.\n"
-    listed = "; ".join(f"{label} ({', '.join(names)})" for label, names in kinds.items())
-    return (f"**The rows below ran on {len(kinds)} machine kinds**, so updates and wall time compare only within one: "
-            f"{listed}.\n")
+        kinds.setdefault(machine_label(recipe.record.get("machine")), []).append(recipe)
+    return dict(sorted(kinds.items(), key=lambda item: (-len(item[1]), item[0])))
 
 
-def results_text(recipes: list[Recipe]) -> str:
-    """One ``###`` section per kind of task that has recipes: the table and how its numbers were measured."""
-    sections = [machines_line(recipes)] if recipes else []
+def _recipes(n: int) -> str:
+    return f"{n} recipe" if n == 1 else f"{n} recipes"
+
+
+def _task_tables(recipes: list[Recipe], level: str) -> list[str]:
+    """One section per kind of task that has recipes: the table and how its numbers were measured."""
+    sections = []
     for kind in KINDS:
         members = [r for r in recipes if kind_of(r) is kind]
         if not members:
@@ -276,12 +286,26 @@ def results_text(recipes: list[Recipe]) -> str:
         signature = "; ".join(_details(members, "sacreBLEU:")) or "-"
         papers = "; ".join(f"({i + 1}) {s}" for i, s in enumerate(_details(members, "paper BLEU:"))) or "none"
         note = kind.note.format(signature=signature, papers=papers)
-        sections.append(f"### {kind.title}\n\n{markdown(header, rows)}\n{note}\n")
+        sections.append(f"{level} {kind.title}\n\n{markdown(header, rows)}\n{note}\n")
+    return sections
+
+
+def results_text(recipes: list[Recipe]) -> str:
+    """The tables of each machine kind: a row compares with the rows of its own kind only."""
     unknown = [r.name for r in recipes if kind_of(r) is None]
     if unknown:
         raise SeqmixError(f"records with no scored decode of their best checkpoint on valid: {', '.join(unknown)}; "
                           "score it (python generate.py ckpt_path=<run>/checkpoints/best.ckpt split=valid), then add "
                           "the run again")
+    kinds = by_machine_kind(recipes)
+    if len(kinds) <= 1:
+        lines = [f"Every row below ran on one machine kind: {label}.\n" for label in kinds]
+        return "\n".join([*lines, *_task_tables(recipes, "###")])
+    listed = "; ".join(f"{label} ({_recipes(len(members))})" for label, members in kinds.items())
+    sections = [f"The rows below ran on {len(kinds)} machine kinds, each with its own tables (updates and wall time "
+                f"compare only within one): {listed}.\n"]
+    for label, members in kinds.items():
+        sections += [f"### On {label}\n", *_task_tables(members, "####")]
     return "\n".join(sections)
 
 
@@ -307,30 +331,14 @@ def readme_section(readme: Path) -> str:
     return section + "\n" if section else ""
 
 
-def machine_warning(recipes: list[Recipe], added: set[str]) -> str | None:
-    """A line when the runs just added ran on another machine kind than the rows they join: said at once, not only
-    in the README's first line, as updates and wall time then stop comparing across rows."""
-    kinds = {r.name: machine_label(r.record.get("machine")) for r in recipes}
-    others = {kind for name, kind in kinds.items() if name not in added}
-    new = {kinds[name] for name in added if name in kinds}
-    if not others or new <= others:
-        return None
-    return (f"warning: {', '.join(sorted(added))} ran on {'; '.join(sorted(new))}, the other rows on "
-            f"{'; '.join(sorted(others))}: the tables now mix machine kinds (their updates and wall time compare "
-            "only within one)")
-
-
 def run(args) -> None:
     folder = Path(args.records)
-    added = set()
-    for run_dir in args.add or []:
-        target = add_run(Path(run_dir), folder)
-        added.add(target.stem)
-        print(f"added {target}")
+    added = [add_run(Path(run_dir), folder) for run_dir in args.add or []]
     recipes = read_recipes(folder)
-    warning = machine_warning(recipes, added)
-    if warning:
-        print(warning, file=sys.stderr)
+    kinds = by_machine_kind(recipes)
+    for target in added:
+        label = machine_label(json.loads(target.read_text(encoding="utf-8")).get("machine"))
+        print(f"added {target}: a row of the tables on {label} ({_recipes(len(kinds[label]))} there)")
     text = results_text(recipes)
     if args.readme:
         write_readme(Path(args.readme), text)
