@@ -9,6 +9,7 @@ dropout, FFN, cross-attention) is shared code in ``seqmix.models.blocks``.
 from __future__ import annotations
 
 from abc import ABC, ABCMeta, abstractmethod
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -19,6 +20,17 @@ class MixerState(ABC):
     @abstractmethod
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows ``index`` (in that order)."""
+
+
+@dataclass
+class WindowState(MixerState):
+    """The last K−1 inputs of a convolution over time (zeros before the sequence starts): the decoder's cache of the
+    group's convolution mixers and of ConvS2S's GLU convolutions."""
+
+    window: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        self.window = index_select_batch(self.window, index)
 
 
 class TokenMixer(nn.Module, metaclass=ABCMeta):

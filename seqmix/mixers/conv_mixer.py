@@ -2,7 +2,7 @@
 
     input dropout → Linear(d, 2d) + GLU (or Linear(d, d)) → zero the pads → core op → Linear(d, d)
 
-plus a kernel size per layer and the decoder's window cache. Subclasses implement ``core``.
+plus the decoder's caches (the window of the last K−1 inputs, or a ring of them). Subclasses implement ``core``.
 Parameter names follow fairseq (``linear1``, ``linear2``, ``conv``) so its weights map 1:1.
 """
 
@@ -16,10 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqmix.errors import SeqmixError
+from seqmix.layers.conv_window import encoder_padding, kernel_size_for_layer
 from seqmix.layers.dropout import dropout
 from seqmix.mixers.base import (
     MixerState,
     TokenMixer,
+    WindowState,
     check_incremental_call,
     index_select_batch,
     zero_padding,
@@ -32,30 +34,6 @@ def xavier_linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
     if bias:
         nn.init.zeros_(layer.bias)
     return layer
-
-
-def kernel_size_for_layer(kernel_size: int | Sequence[int], layer_idx: int) -> int:
-    if isinstance(kernel_size, int):
-        return kernel_size
-    sizes = list(kernel_size)
-    if layer_idx >= len(sizes):
-        raise SeqmixError(f"kernel_size list {sizes} has no entry for layer {layer_idx}; give one per layer")
-    return int(sizes[layer_idx])
-
-
-def encoder_padding(kernel_size: int) -> int:
-    """Centered window: K//2 on the left for odd K; fairseq's (K−1)//2 for even K (one more tap on the right)."""
-    return kernel_size // 2 if kernel_size % 2 == 1 else (kernel_size - 1) // 2
-
-
-@dataclass
-class WindowState(MixerState):
-    """The last K−1 inputs of the core op (zeros before the sequence starts)."""
-
-    window: Tensor | None = None
-
-    def reorder(self, index: Tensor) -> None:
-        self.window = index_select_batch(self.window, index)
 
 
 class ProjectedConvMixer(TokenMixer):

@@ -20,9 +20,10 @@ from torch import Tensor
 
 from seqmix.errors import SeqmixError
 from seqmix.kernel_backend import TALK, check_backend, triton_function
+from seqmix.layers.conv_window import kernel_size_for_layer
 from seqmix.layers.dropout import dropout
 from seqmix.mixers.base import MixerState, index_select_batch
-from seqmix.mixers.conv_mixer import ProjectedConvMixer, kernel_size_for_layer, xavier_linear
+from seqmix.mixers.conv_mixer import ProjectedConvMixer, xavier_linear
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:

@@ -29,8 +29,7 @@ from seqmix.errors import SeqmixError
 from seqmix.layers.dropout import dropout
 from seqmix.layers.embeddings import PositionalEmbedding
 from seqmix.layers.padding import padding_or_none
-from seqmix.mixers.base import zero_padding
-from seqmix.mixers.conv_mixer import WindowState
+from seqmix.mixers.base import WindowState, zero_padding
 from seqmix.models.encoder_decoder import (
     DEFAULT_DECODER_START,
     EncoderOut,

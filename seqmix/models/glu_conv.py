@@ -20,9 +20,9 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from seqmix.errors import SeqmixError
 from seqmix.kernel_backend import CONVS2S_STEP, check_backend, triton_function
+from seqmix.layers.conv_window import encoder_padding, kernel_size_for_layer
 from seqmix.layers.dropout import dropout
-from seqmix.mixers.base import TokenMixer, check_incremental_call, zero_padding
-from seqmix.mixers.conv_mixer import WindowState, encoder_padding, kernel_size_for_layer
+from seqmix.mixers.base import TokenMixer, WindowState, check_incremental_call, zero_padding
 
 SQRT_HALF = math.sqrt(0.5)
 
