@@ -22,6 +22,7 @@ from seqmix.report.results import (
     results_text,
     write_readme,
 )
+from seqmix.training import provenance
 from tests.helpers import ROOT, TINY, run
 
 AVX512 = {"cpu": "AMD EPYC", "cpu_flags": ["avx2", "avx512f", "avx512_bf16"], "threads": 2, "gpu": None}
@@ -290,3 +291,39 @@ def test_two_records_of_one_recipe_on_one_machine_kind_are_named(tmp_path):
     write_records(tmp_path / kind_folder(AVX512), {"m30k_t": rec})
     with pytest.raises(SeqmixError, match="m30k_t.json and .*m30k_t.json are both m30k_t on AMD EPYC"):
         read_recipes(tmp_path)
+
+
+def test_a_cpu_generation_names_the_row_s_cpu_and_keeps_one_kind_to_one_generation(tmp_path):
+    """A virtual machine's model name hides the CPU's generation (``AMD EPYC``); the record's family and model go in
+    the machine column, records without them stay in the same kind, and two generations under one label are refused
+    at --add (nothing moved) and, placed there by hand, named."""
+    records = tmp_path / "records"
+    zen5, zen4 = ({**AVX512, "cpu_generation": f"family {f} model {m}"} for f, m in ((26, 2), (25, 17)))
+    for n, (name, machine) in enumerate((("m30k_t", AVX512), ("m30k_l", zen5), ("m30k_d", zen4))):
+        run_dir = tmp_path / f"run{n}"
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text(json.dumps(record(name, "transformer_small",
+                                                            [evaluation(BEAM5, {"bleu": 30.0, "bp": 1.0})],
+                                                            machine=machine, commit=f"{n}" * 12)))
+    for n in (0, 1):
+        add_run(tmp_path / f"run{n}", records)
+    text = results_text(read_recipes(records))
+    assert text.splitlines()[0] == "Every row below ran on one machine kind: AMD EPYC, 2 threads, AVX512-BF16."
+    rows = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("| `experiment=")}
+    assert "| AMD EPYC (family 26 model 2), 2 threads, AVX512-BF16 |" in rows["experiment=m30k_l"]
+    assert "| AMD EPYC, 2 threads, AVX512-BF16 |" in rows["experiment=m30k_t"]
+    before = sorted(p.relative_to(records).as_posix() for p in records.rglob("*"))
+    with pytest.raises(SeqmixError, match="ran on family 25 model 17, .*m30k_l.json on family 26 model 2"):
+        add_run(tmp_path / "run2", records)
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*")) == before
+    (records / kind_folder(AVX512) / "m30k_d.json").write_text((tmp_path / "run2" / "run.json").read_text())
+    with pytest.raises(SeqmixError, match="m30k_d.json \\(family 25 model 17\\) and .*m30k_l.json \\(family 26 model 2"
+                                          "\\) are both on AMD EPYC, 2 threads, AVX512-BF16"):
+        read_recipes(records)
+
+
+def test_the_cpu_generation_comes_from_proc_cpuinfo_s_family_and_model():
+    info = {"cpu family": "26", "model": "2", "model name": "AMD EPYC"}
+    assert provenance.cpu_generation(info) == "family 26 model 2"
+    assert provenance.cpu_generation({"model name": "Apple M2"}) is None
+    assert provenance.machine()["cpu_generation"] == provenance.cpu_generation()

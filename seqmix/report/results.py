@@ -68,15 +68,20 @@ def beam_size(evaluation: dict) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def machine_label(machine: dict | None) -> str:
-    """``AMD EPYC, 2 threads, AVX512-BF16`` (the fastest instruction set that matters), or the GPU's name."""
+def machine_label(machine: dict | None, generation: bool = False) -> str:
+    """``AMD EPYC, 2 threads, AVX512-BF16`` (the fastest instruction set that matters), or the GPU's name: a machine
+    kind. With ``generation``, ``AMD EPYC (family 26 model 2), ...`` where the record has it (records before it do
+    not): the kind is the label without it, so that they stay in one set."""
     if not isinstance(machine, dict):
         return "unknown"
     if machine.get("gpu"):
         return str(machine["gpu"])
     flags = set(machine.get("cpu_flags") or [])
     best = next((label for flag, label in _FLAG_NAMES if flag in flags), None)
-    parts = [str(machine.get("cpu") or "unknown"), f"{machine.get('threads', '?')} threads", best]
+    cpu = str(machine.get("cpu") or "unknown")
+    if generation and machine.get("cpu_generation"):
+        cpu = f"{cpu} ({machine['cpu_generation']})"
+    parts = [cpu, f"{machine.get('threads', '?')} threads", best]
     return ", ".join(p for p in parts if p)
 
 
@@ -85,7 +90,7 @@ def read_recipes(folder: Path) -> list[Recipe]:
     is named, never skipped, and so are two records of one recipe on one machine kind."""
     if not folder.is_dir():
         raise SeqmixError(f"records folder {folder} does not exist: add runs with --add <run dir>")
-    recipes, seen = [], {}
+    recipes, seen, generations = [], {}, {}
     for path in sorted(folder.rglob("*.json")):
         if EARLIER in path.relative_to(folder).parts:
             continue
@@ -100,6 +105,13 @@ def read_recipes(folder: Path) -> list[Recipe]:
             raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move the other "
                               f"into {folder / EARLIER})")
         seen[key] = path
+        generation = _generation(record)
+        if generation:
+            other = generations.setdefault(key[1], (generation, path))
+            if other[0] != generation:
+                raise SeqmixError(f"records {other[1]} ({other[0]}) and {path} ({generation}) are both on {key[1]} but "
+                                  "from different CPU generations, whose speeds differ: keep one generation's records "
+                                  f"in {path.parent} (move the others into {folder / EARLIER})")
         recipes.append(Recipe(path.stem, record))
     return recipes
 
@@ -110,6 +122,11 @@ def kind_folder(machine: dict | None) -> str:
 
 
 EARLIER = "earlier"
+
+
+def _generation(record: dict) -> str | None:
+    machine = record.get("machine")
+    return machine.get("cpu_generation") if isinstance(machine, dict) else None
 
 
 def add_run(run_dir: Path, folder: Path) -> Path:
@@ -125,6 +142,13 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     if len(experiments) != 1:
         raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
     target = folder / kind_folder(record.get("machine")) / f"{experiments[0]}.json"
+    generation = _generation(record)
+    for other in sorted(target.parent.glob("*.json")) if generation else []:
+        kept = _generation(_read_json(other))
+        if other != target and kept and kept != generation:
+            raise SeqmixError(f"{run_dir} ran on {generation}, {other} on {kept}, with the same label "
+                              f"({machine_label(record.get('machine'))}): one kind's tables compare one CPU generation; "
+                              f"move that kind's records into {folder / EARLIER} first to start its set again")
     target.parent.mkdir(parents=True, exist_ok=True)
     data = (run_dir / RECORD).read_bytes()
     if target.is_file() and target.read_bytes() != data and not _same_run(target, record):
@@ -133,15 +157,20 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     return target
 
 
+def _read_json(path: Path) -> dict:
+    """A record's content, or {} where it cannot be read (``read_recipes`` names damaged records)."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
 def _same_run(target: Path, record: dict) -> bool:
     """Whether ``target`` is an older copy of ``record``'s run (scored again since): it is replaced, not kept."""
-    try:
-        kept = json.loads(target.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    kept = _read_json(target)
     same = ("started", "commit", "checkpoint")
-    return isinstance(kept, dict) and kept.get("started") is not None and all(kept.get(k) == record.get(k)
-                                                                             for k in same)
+    return kept.get("started") is not None and all(kept.get(k) == record.get(k) for k in same)
 
 
 def _keep_earlier(target: Path, earlier: Path) -> Path:
@@ -281,7 +310,8 @@ def _task_tables(recipes: list[Recipe], level: str) -> list[str]:
         if not members:
             continue
         header = [*COMMON, *kind.columns, *PROVENANCE]
-        rows = [[*_common(r), *kind.row(r), machine_label(r.record.get("machine")), f"`{r.record.get('commit', '?')}`"]
+        rows = [[*_common(r), *kind.row(r), machine_label(r.record.get("machine"), generation=True),
+                 f"`{r.record.get('commit', '?')}`"]
                 for r in members]
         signature = "; ".join(_details(members, "sacreBLEU:")) or "-"
         papers = "; ".join(f"({i + 1}) {s}" for i, s in enumerate(_details(members, "paper BLEU:"))) or "none"

@@ -1,6 +1,6 @@
-"""Where a number came from: the machine (CPU model and the instruction sets that change its speed, threads, GPU)
-and the seqmix source (git commit, marked when tracked files differ from it). Written into run records so that a
-results table says on what and with which code each row was measured; never raises (unknown parts read
+"""Where a number came from: the machine (CPU model and generation, the instruction sets that change its speed,
+threads, GPU) and the seqmix source (git commit, marked when tracked files differ from it). Written into run records so
+that a results table says on what and with which code each row was measured; never raises (unknown parts read
 "unknown")."""
 
 from __future__ import annotations
@@ -35,13 +35,21 @@ def cpu_model(info: dict[str, str] | None = None) -> str:
     return info.get("model name") or platform.processor() or "unknown"
 
 
+def cpu_generation(info: dict[str, str] | None = None) -> str | None:
+    """``family 26 model 2``: what tells apart CPUs whose model name a virtual machine shortens (``AMD EPYC`` is Zen 3,
+    4 or 5); None where /proc/cpuinfo does not say."""
+    info = _cpuinfo() if info is None else info
+    family, model = info.get("cpu family"), info.get("model")
+    return f"family {family} model {model}" if family and model else None
+
+
 def machine() -> dict:
-    """``cpu`` (model name), ``cpu_flags`` (those of ``SPEED_FLAGS`` it has), ``threads`` (torch's), ``gpu`` (the
-    first CUDA device's name, or None) and ``torch`` (version)."""
+    """``cpu`` (model name), ``cpu_generation`` (family and model numbers), ``cpu_flags`` (those of ``SPEED_FLAGS`` it
+    has), ``threads`` (torch's), ``gpu`` (the first CUDA device's name, or None) and ``torch`` (version)."""
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu_model(info),
+    return {"cpu": cpu_model(info), "cpu_generation": cpu_generation(info),
             "cpu_flags": [f for f in SPEED_FLAGS if f in flags], "threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__}
 
