@@ -57,7 +57,7 @@ def train_quick_model(s: Settings, out: Path, log=print) -> Path:
     schedule, the task's label-smoothed loss), saved as a seqmix checkpoint in ``out``."""
     from seqmix.config.build import build_task
     from seqmix.data import LocalParallelSource
-    from seqmix.data.dataset import collate_pairs
+    from seqmix.data.dataset import collate_pairs, filter_by_length
     from seqmix.data.tokenizer import train_tokenizer
     from seqmix.interop.fairseq import save_seqmix_checkpoint
 
@@ -68,11 +68,12 @@ def train_quick_model(s: Settings, out: Path, log=print) -> Path:
     cfg = common.compose_train(["experiment=multi30k_transformer_cpu", *s.model_overrides])
     torch.manual_seed(1)
     task = build_task(cfg, tok)
-    # pairs longer than the model's positions are left out, as train.py's length filter does (which pairs a timed
-    # run reaches depends on the machine's speed)
-    fits = int(cfg.model.max_source_positions), int(cfg.model.max_target_positions)
-    pairs = sorted(((a, b) for a, b in zip(tok.encode_batch(src), tok.encode_target_batch(tgt))
-                    if len(a) + 1 <= fits[0] and len(b) + 1 <= fits[1]), key=lambda p: (len(p[0]), len(p[1])))
+    # pairs longer than the model's positions are left out with train.py's length filter (which pairs a timed run
+    # reaches depends on the machine's speed)
+    encoded = list(zip(tok.encode_batch(src), tok.encode_target_batch(tgt)))
+    keep, _ = filter_by_length([len(a) + 1 for a, _ in encoded], [len(b) + 1 for _, b in encoded],
+                               int(cfg.model.max_source_positions), int(cfg.model.max_target_positions))
+    pairs = sorted((encoded[i] for i in keep), key=lambda p: (len(p[0]), len(p[1])))
     batches, batch, width = [], [], 0
     for pair in pairs:  # token-budget batches of similar lengths
         width = max(width, len(pair[0]) + 1, len(pair[1]) + 1)
