@@ -90,7 +90,7 @@ def read_recipes(folder: Path) -> list[Recipe]:
     is named, never skipped, and so are two records of one recipe on one machine kind."""
     if not folder.is_dir():
         raise SeqmixError(f"records folder {folder} does not exist: add runs with --add <run dir>")
-    recipes, seen, generations = [], {}, {}
+    recipes, seen, kinds = [], {}, {}
     for path in sorted(folder.rglob("*.json")):
         if EARLIER in path.relative_to(folder).parts:
             continue
@@ -105,14 +105,14 @@ def read_recipes(folder: Path) -> list[Recipe]:
             raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move the other "
                               f"into {folder / EARLIER})")
         seen[key] = path
-        generation = _generation(record)
-        if generation:
-            other = generations.setdefault(key[1], (generation, path))
-            if other[0] != generation:
-                raise SeqmixError(f"records {other[1]} ({other[0]}) and {path} ({generation}) are both on {key[1]} but "
-                                  "from different CPU generations, whose speeds differ: keep one generation's records "
-                                  f"in {path.parent} (move the others into {folder / EARLIER})")
+        kinds.setdefault(key[1], []).append((path, record))
         recipes.append(Recipe(path.stem, record))
+    for label, records in kinds.items():
+        if clash := _generation_clash(records):
+            (first, kept), (path, generation) = clash
+            raise SeqmixError(f"records {first} ({kept}) and {path} ({generation}) are both on {label} but "
+                              "from different CPU generations, whose speeds differ: keep one generation's records "
+                              f"in {path.parent} (move the others into {folder / EARLIER})")
     return recipes
 
 
@@ -129,6 +129,13 @@ def _generation(record: dict) -> str | None:
     return machine.get("cpu_generation") if isinstance(machine, dict) else None
 
 
+def _generation_clash(records: list[tuple[Path, dict]]):
+    """The first record of ``(path, record)`` pairs that names a CPU generation and the first after it that names
+    another, as two ``(path, generation)`` pairs, or None; records without a generation (older ones) never clash."""
+    named = [(path, generation) for path, record in records if (generation := _generation(record))]
+    return next(((named[0], other) for other in named[1:] if other[1] != named[0][1]), None)
+
+
 def add_run(run_dir: Path, folder: Path) -> Path:
     """Copy ``run_dir``'s record into ``folder/<machine kind>/<experiment>.json``; that recipe's earlier record on the
     same machine kind, if another run's (not this run's before a new scoring), moves to
@@ -142,13 +149,12 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     if len(experiments) != 1:
         raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
     target = folder / kind_folder(record.get("machine")) / f"{experiments[0]}.json"
-    generation = _generation(record)
-    for other in sorted(target.parent.glob("*.json")) if generation else []:
-        kept = _generation(_read_json(other))
-        if other != target and kept and kept != generation:
-            raise SeqmixError(f"{run_dir} ran on {generation}, {other} on {kept}, with the same label "
-                              f"({machine_label(record.get('machine'))}): one kind's tables compare one CPU generation; "
-                              f"move that kind's records into {folder / EARLIER} first to start its set again")
+    others = [(path, _read_json(path)) for path in sorted(target.parent.glob("*.json")) if path != target]
+    if _generation(record) and (clash := _generation_clash([(run_dir, record), *others])):
+        (_, generation), (other, kept) = clash
+        raise SeqmixError(f"{run_dir} ran on {generation}, {other} on {kept}, with the same label "
+                          f"({machine_label(record.get('machine'))}): one kind's tables compare one CPU generation; "
+                          f"move that kind's records into {folder / EARLIER} first to start its set again")
     target.parent.mkdir(parents=True, exist_ok=True)
     data = (run_dir / RECORD).read_bytes()
     if target.is_file() and target.read_bytes() != data and not _same_run(target, record):
