@@ -244,9 +244,10 @@ def test_an_option_of_another_mixer_is_a_clear_error():
 
 @pytest.mark.parametrize("caps, precision", [({"avx2": True}, "32-true"), ({"avx512_bf16": True}, "bf16-mixed"),
                                              ({"amx_bf16": True, "avx512_bf16": False}, "bf16-mixed")])
-@pytest.mark.parametrize("recipe", ["multi30k_transformer_cpu", "multi30k_convs2s_cpu", "multi30k_hybrid_cpu"])
+@pytest.mark.parametrize("recipe", [r for r in names("experiment") if r.endswith("_cpu")])
 def test_cpu_recipes_train_in_bf16_only_where_the_cpu_multiplies_bf16(recipe, caps, precision, monkeypatch):
-    """Emulated bf16 (AVX2 only) is several times slower than fp32, native bf16 (AVX512-BF16, AMX) faster."""
+    """Emulated bf16 (AVX2 only) is several times slower than fp32, native bf16 (AVX512-BF16, AMX) faster; every CPU
+    recipe (translation, NAT, language model, summary) chooses the same way."""
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     assert compose_train([f"experiment={recipe}"]).trainer.precision == precision
     assert compose_train([f"experiment={recipe}", "trainer.precision=32-true"]).trainer.precision == "32-true"
