@@ -293,17 +293,19 @@ def test_two_records_of_one_recipe_on_one_machine_kind_are_named(tmp_path):
         read_recipes(tmp_path)
 
 
-def test_a_cpu_generation_names_the_row_s_cpu_and_keeps_one_kind_to_one_generation(tmp_path):
+def test_a_cpu_generation_names_the_row_s_cpu_and_a_second_generation_makes_a_set_of_its_own(tmp_path, capsys):
     """A virtual machine's model name hides the CPU's generation (``AMD EPYC``); the record's family and model go in
-    the machine column, records without them stay in the same kind, and two generations under one label are refused
-    at --add (nothing moved) and, placed there by hand, named."""
+    the machine column and records without them stay in the same kind. A run on a second generation under the same
+    label starts its own set (its own folder and tables, headings naming each generation) and breaks up neither;
+    one placed by hand among the other generation's records is named."""
     records = tmp_path / "records"
     zen5, zen4 = ({**AVX512, "cpu_generation": f"family {f} model {m}"} for f, m in ((26, 2), (25, 17)))
-    for n, (name, machine) in enumerate((("m30k_t", AVX512), ("m30k_l", zen5), ("m30k_d", zen4))):
+    runs = (("m30k_t", AVX512), ("m30k_l", zen5), ("m30k_d", zen4), ("m30k_t", zen4), ("m30k_c", zen5))
+    for n, (name, machine) in enumerate(runs):
         run_dir = tmp_path / f"run{n}"
         run_dir.mkdir()
         (run_dir / "run.json").write_text(json.dumps(record(name, "transformer_small",
-                                                            [evaluation(BEAM5, {"bleu": 30.0, "bp": 1.0})],
+                                                            [evaluation(BEAM5, {"bleu": 30.0 + n, "bp": 1.0})],
                                                             machine=machine, commit=f"{n}" * 12)))
     for n in (0, 1):
         add_run(tmp_path / f"run{n}", records)
@@ -312,13 +314,27 @@ def test_a_cpu_generation_names_the_row_s_cpu_and_keeps_one_kind_to_one_generati
     rows = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("| `experiment=")}
     assert "| AMD EPYC (family 26 model 2), 2 threads, AVX512-BF16 |" in rows["experiment=m30k_l"]
     assert "| AMD EPYC, 2 threads, AVX512-BF16 |" in rows["experiment=m30k_t"]
-    before = sorted(p.relative_to(records).as_posix() for p in records.rglob("*"))
-    with pytest.raises(SeqmixError, match="ran on family 25 model 17, .*m30k_l.json on family 26 model 2"):
-        add_run(tmp_path / "run2", records)
-    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*")) == before
+    capsys.readouterr()
+    for n in (2, 3, 4):
+        assert main(["--add", str(tmp_path / f"run{n}"), "--records", str(records)]) == 0
+    out = capsys.readouterr().out
+    assert "m30k_d.json: a row of the tables on AMD EPYC (family 25 model 17), 2 threads, AVX512-BF16 (1 recipe there)" in out
+    assert "m30k_c.json: a row of the tables on AMD EPYC (family 26 model 2), 2 threads, AVX512-BF16 (3 recipes there)" in out
+    zen4_folder = "amd-epyc-family-25-model-17-2-threads-avx512-bf16"
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == [
+        *(f"amd-epyc-2-threads-avx512-bf16/{n}.json" for n in ("m30k_c", "m30k_l", "m30k_t")),
+        *(f"{zen4_folder}/{n}.json" for n in ("m30k_d", "m30k_t"))]
+    text = results_text(read_recipes(records))
+    assert text.splitlines()[0].endswith("(updates and wall time compare only within one): AMD EPYC (family 26 model "
+                                         "2), 2 threads, AVX512-BF16 (3 recipes); AMD EPYC (family 25 model 17), 2 "
+                                         "threads, AVX512-BF16 (2 recipes).")
+    tables = {t.splitlines()[0]: t for t in text.split("### On ")[1:]}
+    zen4_table = tables["AMD EPYC (family 25 model 17), 2 threads, AVX512-BF16"]
+    assert "33.00 (1.000)" in zen4_table and "30.00" not in zen4_table
+    assert "30.00 (1.000)" in tables["AMD EPYC (family 26 model 2), 2 threads, AVX512-BF16"]
     (records / kind_folder(AVX512) / "m30k_d.json").write_text((tmp_path / "run2" / "run.json").read_text())
-    with pytest.raises(SeqmixError, match="m30k_d.json \\(family 25 model 17\\) and .*m30k_l.json \\(family 26 model 2"
-                                          "\\) are both on AMD EPYC, 2 threads, AVX512-BF16"):
+    with pytest.raises(SeqmixError, match="m30k_[cl].json \\(family 26 model 2\\) and .*m30k_d.json \\(family 25 "
+                                          "model 17\\) are both on AMD EPYC, 2 threads, AVX512-BF16"):
         read_recipes(records)
 
 

@@ -36,6 +36,10 @@ _FLAG_NAMES = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", 
 class Recipe:
     name: str  # the record's file name (its experiment)
     record: dict
+    kind: str = ""  # its machine kind's label (``read_recipes``); by default the machine's
+
+    def machine_kind(self) -> str:
+        return self.kind or machine_label(self.record.get("machine"))
 
     def overrides(self) -> list[str]:
         """What the run was started with (the recipe first), less where it wrote."""
@@ -71,7 +75,7 @@ def beam_size(evaluation: dict) -> int | None:
 def machine_label(machine: dict | None, generation: bool = False) -> str:
     """``AMD EPYC, 2 threads, AVX512-BF16`` (the fastest instruction set that matters), or the GPU's name: a machine
     kind. With ``generation``, ``AMD EPYC (family 26 model 2), ...`` where the record has it (records before it do
-    not): the kind is the label without it, so that they stay in one set."""
+    not): one label is one kind until a second CPU generation shares it (``kind_folder``)."""
     if not isinstance(machine, dict):
         return "unknown"
     if machine.get("gpu"):
@@ -87,10 +91,11 @@ def machine_label(machine: dict | None, generation: bool = False) -> str:
 
 def read_recipes(folder: Path) -> list[Recipe]:
     """Every ``*.json`` record in ``folder`` and its machine-kind folders (not ``earlier/``), by name; a damaged file
-    is named, never skipped, and so are two records of one recipe on one machine kind."""
+    is named, never skipped, and so are two records of one recipe on one machine kind. A folder is one kind; where
+    two folders hold one label (two CPU generations), each kind's label names its generation."""
     if not folder.is_dir():
         raise SeqmixError(f"records folder {folder} does not exist: add runs with --add <run dir>")
-    recipes, seen, kinds = [], {}, {}
+    folders: dict[tuple[Path, str], list[tuple[Path, dict]]] = {}
     for path in sorted(folder.rglob("*.json")):
         if EARLIER in path.relative_to(folder).parts:
             continue
@@ -100,25 +105,40 @@ def read_recipes(folder: Path) -> list[Recipe]:
             raise SeqmixError(f"record {path} is damaged ({type(err).__name__}); add its run again with --add") from None
         if not isinstance(record, dict) or record.get("status") != "finished":
             raise SeqmixError(f"record {path} is not a finished run's; add its run again with --add")
-        key = (path.stem, machine_label(record.get("machine")))
-        if key in seen:
-            raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move the other "
-                              f"into {folder / EARLIER})")
-        seen[key] = path
-        kinds.setdefault(key[1], []).append((path, record))
-        recipes.append(Recipe(path.stem, record))
-    for label, records in kinds.items():
+        folders.setdefault((path.parent, machine_label(record.get("machine"))), []).append((path, record))
+    labels = {}
+    for (_, label), records in folders.items():
         if clash := _generation_clash(records):
             (first, kept), (path, generation) = clash
             raise SeqmixError(f"records {first} ({kept}) and {path} ({generation}) are both on {label} but "
                               "from different CPU generations, whose speeds differ: keep one generation's records "
                               f"in {path.parent} (move the others into {folder / EARLIER})")
-    return recipes
+        labels.setdefault(label, []).append(records)
+    recipes, seen = [], {}
+    for label, sets in labels.items():
+        for records in sets:
+            named = next((g for _, record in records if (g := _generation(record))), None)
+            kind = label if len(sets) == 1 or not named else _with_generation(records, named)
+            for path, record in records:
+                key = (path.stem, kind)
+                if key in seen:
+                    raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move "
+                                      f"the other into {folder / EARLIER})")
+                seen[key] = path
+                recipes.append(Recipe(path.stem, record, kind))
+    return sorted(recipes, key=lambda r: r.name)
 
 
-def kind_folder(machine: dict | None) -> str:
-    """The records folder of a machine kind: its label in lower case, runs of other characters as one ``-``."""
-    return re.sub(r"[^a-z0-9]+", "-", machine_label(machine).lower().replace("(r)", "")).strip("-") or "unknown"
+def _with_generation(records: list[tuple[Path, dict]], generation: str) -> str:
+    machine = next(record.get("machine") for _, record in records if _generation(record) == generation)
+    return machine_label(machine, generation=True)
+
+
+def kind_folder(machine: dict | None, generation: bool = False) -> str:
+    """The records folder of a machine kind: its label (with its CPU generation: ``machine_label``) in lower case,
+    runs of other characters as one ``-``."""
+    label = machine_label(machine, generation=generation)
+    return re.sub(r"[^a-z0-9]+", "-", label.lower().replace("(r)", "")).strip("-") or "unknown"
 
 
 EARLIER = "earlier"
@@ -148,19 +168,27 @@ def add_run(run_dir: Path, folder: Path) -> Path:
     experiments = [str(o).split("=", 1)[1] for o in record.get("overrides") or [] if str(o).startswith("experiment=")]
     if len(experiments) != 1:
         raise SeqmixError(f"{run_dir} was not started with one experiment=<recipe>: the tables list recipes")
-    target = folder / kind_folder(record.get("machine")) / f"{experiments[0]}.json"
-    others = [(path, _read_json(path)) for path in sorted(target.parent.glob("*.json")) if path != target]
-    if _generation(record) and (clash := _generation_clash([(run_dir, record), *others])):
-        (_, generation), (other, kept) = clash
-        raise SeqmixError(f"{run_dir} ran on {generation}, {other} on {kept}, with the same label "
-                          f"({machine_label(record.get('machine'))}): one kind's tables compare one CPU generation; "
-                          f"move that kind's records into {folder / EARLIER} first to start its set again")
+    target = _kind_folder_of(record, folder) / f"{experiments[0]}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     data = (run_dir / RECORD).read_bytes()
     if target.is_file() and target.read_bytes() != data and not _same_run(target, record):
         _keep_earlier(target, folder / EARLIER)
     atomic_write(target, lambda f: f.write(data))
     return target
+
+
+def _kind_folder_of(record: dict, folder: Path) -> Path:
+    """The label's folder, unless its records name another CPU generation than ``record``'s: then a folder of the
+    label with the generation, a kind of its own (its speeds differ), so that neither set is broken up."""
+    machine = record.get("machine")
+    plain = folder / kind_folder(machine)
+    if not _generation(record):
+        return plain
+    own = folder / kind_folder(machine, generation=True)
+    if own.is_dir():
+        return own
+    kept = [(path, _read_json(path)) for path in sorted(plain.glob("*.json"))]
+    return own if _generation_clash([(plain, record), *kept]) else plain
 
 
 def _read_json(path: Path) -> dict:
@@ -300,7 +328,7 @@ def by_machine_kind(recipes: list[Recipe]) -> dict[str, list[Recipe]]:
     """The recipes of each machine kind, the kind with the most first."""
     kinds: dict[str, list[Recipe]] = {}
     for recipe in recipes:
-        kinds.setdefault(machine_label(recipe.record.get("machine")), []).append(recipe)
+        kinds.setdefault(recipe.machine_kind(), []).append(recipe)
     return dict(sorted(kinds.items(), key=lambda item: (-len(item[1]), item[0])))
 
 
@@ -373,7 +401,7 @@ def run(args) -> None:
     recipes = read_recipes(folder)
     kinds = by_machine_kind(recipes)
     for target in added:
-        label = machine_label(json.loads(target.read_text(encoding="utf-8")).get("machine"))
+        label = next(r.machine_kind() for r in recipes if r.name == target.stem and r.record == _read_json(target))
         print(f"added {target}: a row of the tables on {label} ({_recipes(len(kinds[label]))} there)")
     text = results_text(recipes)
     if args.readme:
