@@ -37,6 +37,7 @@ class Recipe:
     name: str  # the record's file name (its experiment)
     record: dict
     kind: str = ""  # its machine kind's label (``read_recipes``); by default the machine's
+    path: Path | None = None  # the record file it was read from
 
     def machine_kind(self) -> str:
         return self.kind or machine_label(self.record.get("machine"))
@@ -117,21 +118,16 @@ def read_recipes(folder: Path) -> list[Recipe]:
     recipes, seen = [], {}
     for label, sets in labels.items():
         for records in sets:
-            named = next((g for _, record in records if (g := _generation(record))), None)
-            kind = label if len(sets) == 1 or not named else _with_generation(records, named)
+            named = next((record.get("machine") for _, record in records if _generation(record)), None)
+            kind = label if len(sets) == 1 or named is None else machine_label(named, generation=True)
             for path, record in records:
                 key = (path.stem, kind)
                 if key in seen:
                     raise SeqmixError(f"records {seen[key]} and {path} are both {key[0]} on {key[1]}: keep one (move "
                                       f"the other into {folder / EARLIER})")
                 seen[key] = path
-                recipes.append(Recipe(path.stem, record, kind))
+                recipes.append(Recipe(path.stem, record, kind, path))
     return sorted(recipes, key=lambda r: r.name)
-
-
-def _with_generation(records: list[tuple[Path, dict]], generation: str) -> str:
-    machine = next(record.get("machine") for _, record in records if _generation(record) == generation)
-    return machine_label(machine, generation=True)
 
 
 def kind_folder(machine: dict | None, generation: bool = False) -> str:
@@ -401,7 +397,7 @@ def run(args) -> None:
     recipes = read_recipes(folder)
     kinds = by_machine_kind(recipes)
     for target in added:
-        label = next(r.machine_kind() for r in recipes if r.name == target.stem and r.record == _read_json(target))
+        label = next(r.machine_kind() for r in recipes if r.path == target)
         print(f"added {target}: a row of the tables on {label} ({_recipes(len(kinds[label]))} there)")
     text = results_text(recipes)
     if args.readme:
