@@ -97,22 +97,20 @@ class AdaptiveInput(nn.Module):
         return self.bands[0].embed.weight
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """In the tables' dtype whichever bands the tokens fall in: under autocast a projected band comes out in
+        bf16 and an unprojected one in fp32, and a batch's dtype must not depend on which words it holds."""
+        dtype = self.bands[0].embed.weight.dtype
         if len(self.bands) == 1:
             band = self.bands[0]
             x = band.embed(tokens)
-            return x if band.proj is None else band.proj(x)
-        out = None
+            return (x if band.proj is None else band.proj(x)).to(dtype)
+        out = self.bands[0].embed.weight.new_zeros(*tokens.shape, self.embedding_dim)
         for lo, hi, band in zip(self.edges, self.edges[1:], self.bands):
             mask = (tokens >= lo) & (tokens < hi)
             if not mask.any():
                 continue
             x = band.embed(tokens[mask] - lo)
-            x = x if band.proj is None else band.proj(x)
-            if out is None:
-                out = x.new_zeros(*tokens.shape, self.embedding_dim)
-            out[mask] = x
-        if out is None:  # empty input
-            out = self.bands[0].embed.weight.new_zeros(*tokens.shape, self.embedding_dim)
+            out[mask] = (x if band.proj is None else band.proj(x)).to(dtype)
         return out
 
 

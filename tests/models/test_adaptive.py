@@ -189,3 +189,22 @@ def test_a_pre_norm_stack_without_final_norm():
                "mixer": functools.partial(SelfAttention)}
     assert DecoderOnly(V, PAD, D, decoder).decoder.layer_norm is not None  # the default keeps it
     assert DecoderOnly(V, PAD, D, {**decoder, "final_norm": False}).decoder.layer_norm is None
+
+
+@pytest.mark.parametrize("project_all_bands", [False, True])
+@pytest.mark.parametrize("cutoffs", [[], [10, 30]])
+def test_under_bf16_autocast_a_batch_s_dtype_and_values_do_not_depend_on_its_words(cutoffs, project_all_bands):
+    """The WikiText-2 recipes train bf16-mixed on CPUs with native bf16: band 0 (a plain table) comes out in fp32 and
+    a projected band in bf16, and a batch mixing them once failed (and a batch of one band would change dtype)."""
+    torch.manual_seed(0)
+    emb = AdaptiveInput(V, PAD, D, cutoffs, 2.0, project_all_bands=project_all_bands)
+    tokens = torch.tensor([[3, 12, 40, PAD], [45, 35, 20, 11]])  # a row of band 0 and tails, a row of tails only
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        batch, alone = emb(tokens), emb(tokens[1:])
+        emb(tokens).float().sum().backward()
+    assert batch.dtype == alone.dtype == torch.float32
+    assert torch.equal(batch[1:], alone)
+    with torch.no_grad():
+        plain = emb(tokens)
+    assert torch.allclose(batch, plain, atol=0.05, rtol=0.02)  # the projections' bf16 rounding only
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in emb.parameters())
