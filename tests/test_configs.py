@@ -253,6 +253,28 @@ def test_cpu_recipes_train_in_bf16_only_where_the_cpu_multiplies_bf16(recipe, ca
     assert compose_train([f"experiment={recipe}", "trainer.precision=32-true"]).trainer.precision == "32-true"
 
 
+@pytest.mark.parametrize("recipe", [r for r in names("experiment") if r.startswith("wikitext2_") and r.endswith("_cpu")])
+def test_language_model_recipes_train_under_bf16_autocast(recipe):
+    """The recipe's own model (adaptive input and softmax, its mixer) takes a bf16-mixed step on a batch whose words
+    fall in every band, as on an AVX512-BF16 CPU: the adaptive input once failed here at the first batch."""
+    cfg = resolve_outside_hydra(compose_train([f"experiment={recipe}", "trainer.precision=bf16-mixed"]))
+    cutoffs = list(cfg.task.adaptive.cutoffs)
+    assert cfg.task.adaptive.input and len(cutoffs) >= 1  # the banded case the test is about
+    torch.manual_seed(0)
+    net = build_model(cfg, cutoffs[-1] + 50, padding_idx=1)
+    tokens = torch.tensor([[5, cutoffs[0] + 3, cutoffs[-1] + 7, 9, 2, 4], [cutoffs[0] + 1] * 6])
+    target = tokens.roll(-1, dims=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        nll = net.nll(net(tokens), target)
+        alone = net.eval().nll(net(tokens[1:]), target[1:])
+        both = net.nll(net(tokens), target)
+    net.train()
+    nll.sum().backward()
+    assert torch.isfinite(nll).all() and nll.dtype == torch.float32
+    assert torch.allclose(both[1:], alone, atol=1e-5)  # a sentence alone as in the batch, whatever the other's words
+    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
+
 def test_time_limited_cpu_recipes_validate_the_weights_they_stop_with(tmp_path):
     """The 45-minute recipes validate every N batches across epochs, and Lightning then also validates when the time
     limit stops training mid-epoch (with validation every k epochs it does not, and best.ckpt stays older)."""
