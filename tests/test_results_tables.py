@@ -9,19 +9,9 @@ import json
 import pytest
 
 from seqmix.errors import SeqmixError
-from seqmix.report.results import (
-    RECORDS,
-    RESULTS_BEGIN,
-    RESULTS_END,
-    Recipe,
-    add_run,
-    kind_folder,
-    main,
-    read_recipes,
-    readme_section,
-    results_text,
-    write_readme,
-)
+from seqmix.report.aims import cpu_recipes
+from seqmix.report.records import RECORDS, Recipe, add_run, kind_folder, read_recipes
+from seqmix.report.results import RESULTS_BEGIN, RESULTS_END, main, readme_section, results_text, write_readme
 from seqmix.training import provenance
 from tests.helpers import ROOT, TINY, run
 
@@ -199,7 +189,7 @@ def test_the_readme_holds_what_the_committed_records_say():
     after adding a run, never a hand edit."""
     readme = ROOT / "README.md"
     assert RESULTS_BEGIN in readme.read_text() and RESULTS_END in readme.read_text()
-    assert readme_section(readme) == results_text(read_recipes(ROOT / RECORDS)), "run `make results`"
+    assert readme_section(readme) == results_text(read_recipes(ROOT / RECORDS), cpu_recipes()), "run `make results`"
 
 
 def test_write_readme_replaces_only_the_marked_part(tmp_path):
