@@ -7,8 +7,9 @@ file per recipe and machine kind (``<machine kind>/<experiment>.json``); the rec
 (kept, never tabulated). The tables then come from those files alone: one set per machine kind, since updates and wall
 time compare only within one, and in it one table per kind of task (translation: sacreBLEU with its brevity penalty
 for the task's own decoding and greedy, and the papers' BLEU; language modeling: perplexity; summarization: ROUGE),
-one row per recipe. ``--readme`` rewrites the part of the README between the two ``RESULTS_BEGIN``/``RESULTS_END``
-marks; without it the tables are printed.
+one row per recipe, after the aims table (``seqmix.report.aims``: which of the project's aims each kind's rows meet).
+The records themselves are ``seqmix.report.records``. ``--readme`` rewrites the part of the README between the two
+``RESULTS_BEGIN``/``RESULTS_END`` marks; without it the tables are printed.
 """
 
 from __future__ import annotations
