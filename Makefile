@@ -39,8 +39,9 @@ endif
 	$(PIP) install --quiet -e ".[dev,serve]"
 	$(PY) -c "import torch, lightning, hydra, seqmix; print('seqmix installed: torch', torch.__version__, '| cuda available:', torch.cuda.is_available())"
 
+# --durations: the CI log names the slowest tests, to keep make test under 15 minutes
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 test-fast:
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
