@@ -57,10 +57,15 @@ def teacher_of(student: Recipe, rows: dict[str, Recipe]) -> Recipe | None:
     """The row whose checkpoint the student started from (``init_encoder_from``), trained before it: the teacher
     whose translations it learned. None where the start is not recorded or that run is no longer a row (a re-run
     of the teacher's recipe starts later, so it is never mistaken for the teacher)."""
-    start = _override(student, "init_encoder_from")
-    started = student.record.get("started")
-    return next((r for r in rows.values() if r is not student and start and r.record.get("checkpoint") == start
-                 and isinstance(started, (int, float)) and (r.record.get("started") or started + 1) <= started), None)
+    start, started = _override(student, "init_encoder_from"), student.record.get("started")
+    if not start or not isinstance(started, (int, float)):
+        return None
+
+    def before(row: Recipe) -> bool:
+        return isinstance(row.record.get("started"), (int, float)) and row.record["started"] <= started
+
+    return next((r for r in rows.values() if r is not student and r.record.get("checkpoint") == start and before(r)),
+                None)
 
 
 @dataclass(frozen=True)
