@@ -45,7 +45,8 @@ def _split(override: str) -> tuple[str, str]:
     return key.lstrip("+~"), value
 
 
-def _overrides(lines) -> dict[str, str]:
+def overrides_by_key(lines) -> dict[str, str]:
+    """``key=value`` overrides as a dict, their ``+``/``~`` marks dropped."""
     return dict(_split(str(o)) for o in lines or [] if "=" in str(o))
 
 
@@ -63,7 +64,7 @@ def planned_jobs(sweep_dir: Path) -> list[dict[str, str]] | None:
         params = (hydra.get("sweeper") or {}).get("params") or {}
         overrides += [f"{k}={v}" for k, v in params.items() if k not in given]
         parsed = OverridesParser.create().parse_overrides(overrides)
-        return [_overrides(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        return [overrides_by_key(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except Exception:  # no multirun.yaml, or a sweeper other than the basic one: report the folders found
         return None
 
@@ -85,7 +86,7 @@ def read_jobs(sweep_dir: Path) -> list[Job]:
                      key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
     jobs = []
     for folder in folders:
-        overrides = _overrides(_read_overrides(folder / ".hydra" / "overrides.yaml"))
+        overrides = overrides_by_key(_read_overrides(folder / ".hydra" / "overrides.yaml"))
         record = read_record(folder) or {}
         status = record.get("status")
         status = status if status in ("finished", "failed") else "unfinished"

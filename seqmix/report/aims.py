@@ -16,7 +16,7 @@ from pathlib import Path
 
 from seqmix.config.paths import conf_dir
 from seqmix.report import markdown
-from seqmix.report.records import ROUGES, Recipe, beam_size
+from seqmix.report.records import ROUGES, Recipe, beam_size, lead_baseline
 
 AUTOREGRESSIVE = tuple(f"multi30k_{m}_cpu" for m in ("transformer", "lightconv", "dynamicconv", "talk", "convs2s",
                                                      "hybrid"))
@@ -38,26 +38,21 @@ def _model(name: str) -> str:
     return _short(name).removeprefix("multi30k_")
 
 
-def _bleu5(recipe: Recipe | None) -> float | None:
-    """The kept checkpoint's valid BLEU with beam 5 (the task's decoding), or None where it was scored otherwise;
-    rounded as shown, so that a verdict agrees with the numbers in its cell."""
+def _bleu(recipe: Recipe | None, beam: int | None = 5) -> float | None:
+    """The kept checkpoint's valid BLEU with the task's decoding, which must be beam ``beam`` unless None (a student's
+    length beam); rounded as shown, so that a verdict agrees with the numbers in its cell."""
     final = recipe.final() if recipe else None
-    if final is None or beam_size(final) != 5:
+    if final is None or (beam is not None and beam_size(final) != beam):
         return None
     bleu = final["metrics"].get("bleu")
     return round(bleu, 2) if isinstance(bleu, (int, float)) else None
-
-
-def _override(recipe: Recipe, key: str) -> str | None:
-    return next((str(o).split("=", 1)[1] for o in recipe.record.get("overrides") or []
-                 if str(o).lstrip("+~").startswith(f"{key}=")), None)
 
 
 def teacher_of(student: Recipe, rows: dict[str, Recipe]) -> Recipe | None:
     """The row whose checkpoint the student started from (``init_encoder_from``), trained before it: the teacher
     whose translations it learned. None where the start is not recorded or that run is no longer a row (a re-run
     of the teacher's recipe starts later, so it is never mistaken for the teacher)."""
-    start, started = _override(student, "init_encoder_from"), student.record.get("started")
+    start, started = student.override("init_encoder_from"), student.record.get("started")
     if not start or not isinstance(started, (int, float)):
         return None
 
@@ -81,7 +76,7 @@ def _every_recipe(rows: dict[str, Recipe], expected: list[str]) -> str:
 
 
 def _dynamicconv_over_transformer(rows: dict[str, Recipe], _: list[str]) -> str:
-    dyn, tr = (_bleu5(rows.get(f"multi30k_{m}_cpu")) for m in ("dynamicconv", "transformer"))
+    dyn, tr = (_bleu(rows.get(f"multi30k_{m}_cpu")) for m in ("dynamicconv", "transformer"))
     if dyn is None or tr is None:
         return "not run"
     return f"{'met' if dyn >= tr else 'missed'}: {dyn:.2f} against {tr:.2f}"
@@ -92,7 +87,7 @@ def _autoregressive_at_aim(rows: dict[str, Recipe], _: list[str]) -> str:
     machine = next(iter(rows.values())).record.get("machine") or {}
     if machine.get("gpu") or "avx512f" not in (machine.get("cpu_flags") or []):
         return "n/a: not an AVX-512 CPU"
-    scores = {n: s for n in AUTOREGRESSIVE if (s := _bleu5(rows.get(n))) is not None}
+    scores = {n: s for n in AUTOREGRESSIVE if (s := _bleu(rows.get(n))) is not None}
     if not scores:
         return "not run"
     below = {n: s for n, s in scores.items() if s < BLEU_AIM}
@@ -112,10 +107,8 @@ def _student_near_teacher(student_name: str):
         if student is None:
             return "not run"
         teacher = teacher_of(student, rows)
-        score = (student.final() or {}).get("metrics", {}).get("bleu")
-        score = round(score, 2) if isinstance(score, (int, float)) else None
-        teacher_score = _bleu5(teacher)
-        if teacher_score is None or not isinstance(score, (int, float)):
+        score, teacher_score = _bleu(student, beam=None), _bleu(teacher)
+        if teacher_score is None or score is None:
             return f"open: {score if score is None else f'{score:.2f}'}; its teacher is not a row here"
         gap = round(teacher_score - score, 2)
         state = "met" if gap <= TEACHER_GAP else "missed"
@@ -129,7 +122,7 @@ def _summary_over_lead(name: str):
         if final is None:
             return "not run"
         m = final["metrics"]
-        lead = next((k.removesuffix("_rouge1") for k in m if k.startswith("lead") and k.endswith("_rouge1")), None)
+        lead = lead_baseline(m)
         if lead is None:
             return "open: no lead baseline in its record"
         model = [round(m.get(k, 0.0), 2) for k in ROUGES]
@@ -155,9 +148,9 @@ def aims_text(kinds: dict[str, list[Recipe]], expected: list[str]) -> str:
     """The aims table: one row per aim, one column per machine kind (in the order of their tables)."""
     header = ["aim", *kinds]
     rows = []
+    by_name = [{r.name: r for r in members} for members in kinds.values()]
     for aim in AIMS:
-        cells = [aim.verdict({r.name: r for r in members}, expected) for members in kinds.values()]
-        rows.append([aim.text, *cells])
+        rows.append([aim.text, *(aim.verdict(named, expected) for named in by_name)])
     return (f"### Aims\n\n{markdown(header, rows)}\nEach cell is read from the rows below: BLEU is valid sacreBLEU "
             "with the task's decoding; a student's teacher is the row of its kind whose checkpoint it started from "
             "(`init_encoder_from`, the checkpoint that distilled its training data in the recipe's commands), trained "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write
+from seqmix.report import overrides_by_key
 from seqmix.training.run_record import RECORD, read_record
 
 RECORDS = Path("benchmarks/results/recipes")
@@ -38,6 +39,10 @@ class Recipe:
         kept = [str(o) for o in self.record.get("overrides") or [] if not str(o).lstrip("+~").startswith(_PLACE_KEYS)]
         return sorted(kept, key=lambda o: not o.startswith("experiment="))
 
+    def override(self, key: str) -> str | None:
+        """The value the run was started with for ``key``, or None."""
+        return overrides_by_key(self.record.get("overrides")).get(key)
+
     def evaluations(self, split: str = "valid") -> list[dict]:
         return [e for e in self.record.get("evaluations") or [] if isinstance(e, dict) and e.get("split") == split
                 and isinstance(e.get("metrics"), dict)]
@@ -62,6 +67,11 @@ class Recipe:
 def beam_size(evaluation: dict) -> int | None:
     found = re.search(r"\bbeam_size=(\d+)", evaluation.get("decoding") or "")
     return int(found.group(1)) if found else None
+
+
+def lead_baseline(metrics: dict) -> str | None:
+    """The prefix (``lead3``) of the lead-N baseline's ROUGE recorded beside a summary's, or None (older records)."""
+    return next((k.removesuffix("_rouge1") for k in metrics if re.fullmatch(r"lead\d+_rouge1", k)), None)
 
 
 def machine_label(machine: dict | None, generation: bool = False) -> str:

@@ -14,7 +14,6 @@ The records themselves are ``seqmix.report.records``. ``--readme`` rewrites the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,16 @@ from seqmix.errors import SeqmixError
 from seqmix.files import atomic_write_text
 from seqmix.report import markdown
 from seqmix.report.aims import aims_text, cpu_recipes
-from seqmix.report.records import RECORDS, ROUGES, Recipe, add_run, beam_size, machine_label, read_recipes
+from seqmix.report.records import (
+    RECORDS,
+    ROUGES,
+    Recipe,
+    add_run,
+    beam_size,
+    lead_baseline,
+    machine_label,
+    read_recipes,
+)
 
 RESULTS_BEGIN = "<!-- results: written by `make results` (python -m seqmix.report results) from benchmarks/results/recipes -->"
 RESULTS_END = "<!-- results end -->"
@@ -84,7 +92,7 @@ def _summary_row(recipe: Recipe) -> list[str]:
     if final is None:
         return ["-", _rouges(greedy), "-"]
     m = final["metrics"]
-    lead = next((k[:-len("_rouge1")] for k in m if re.fullmatch(r"lead\d+_rouge1", k)), None)
+    lead = lead_baseline(m)
     baseline = "-" if lead is None else (" / ".join(_num(m.get(f"{lead}_{k}")) for k in ROUGES)
                                          + f" ({lead[:4]}-{lead[4:]})")
     beam = beam_size(final)
