@@ -1,4 +1,4 @@
-"""Training throughput of the Multi30k CPU recipes as ``train.py experiment=multi30k_<name>_cpu`` trains them (config,
+"""Training throughput of the CPU recipes as ``train.py experiment=<task>_<name>_cpu`` trains them (config,
 data module, task, a Lightning Trainer from the recipe's ``trainer`` config), a callback timing every optimizer update
 (``training_step``, backward, clipping, optimizer step; not batch loading nor the lr-scheduler step)."""
 
@@ -30,7 +30,8 @@ FIELDS = ("model variant experiment parameters data max_tokens accumulate update
 
 @dataclass
 class Settings:
-    models: tuple[str, ...] = RECIPES  # conf/experiment/multi30k_<name without _small>_cpu.yaml; baseline added
+    models: tuple[str, ...] = RECIPES  # conf/experiment/<task>_<name without _small>_cpu.yaml; baseline added
+    task: str = "multi30k"  # the recipes' prefix: multi30k, or dialogsum (400-token sources)
     warmup: int = 2
     repeats: int = 5
     max_tokens: int | None = None  # padded tokens per batch (default: the recipe's task.data.max_tokens)
@@ -44,15 +45,15 @@ class Settings:
 QUICK = {"warmup": 1, "repeats": 2}
 
 
-def experiment_of(model: str) -> str:
-    return f"multi30k_{model.removesuffix('_small')}_cpu"
+def experiment_of(model: str, task: str = "multi30k") -> str:
+    return f"{task}_{model.removesuffix('_small')}_cpu"
 
 
-def compose_recipe(model: str, overrides=()):
+def compose_recipe(model: str, overrides=(), task: str = "multi30k"):
     """The run config ``train.py experiment=...`` gets (no logger, output folder pinned)."""
-    if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment_of(model)}.yaml").is_file():
-        raise ValueError(f"no recipe conf/experiment/{experiment_of(model)}.yaml for model {model!r}")
-    return common.compose_train([f"experiment={experiment_of(model)}", *overrides])
+    if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment_of(model, task)}.yaml").is_file():
+        raise ValueError(f"no recipe conf/experiment/{experiment_of(model, task)}.yaml for model {model!r}")
+    return common.compose_train([f"experiment={experiment_of(model, task)}", *overrides])
 
 
 class UpdateTimer(L.Callback):
@@ -88,7 +89,7 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
     from seqmix.config.build import build_task
     from seqmix.models import count_parameters
 
-    cfg = compose_recipe(model, overrides)
+    cfg = compose_recipe(model, overrides, s.task)
     accum, updates = int(cfg.trainer.get("accumulate_grad_batches") or 1), s.warmup + s.repeats
     dm = instantiate(cfg.task.data, _convert_="all")
     dm.setup("fit")
@@ -107,9 +108,9 @@ def measure(model: str, s: Settings, overrides: list[str], device: torch.device)
     flops_per_token = update_flops_per_target_token(task.to(device), dm, device)  # fit's teardown moved it to the CPU
     tokens_per_s = statistics.median(n / t for n, t in zip(tokens, wall))
     return common.new_row(
-        FIELDS, model=str(cfg.model.name), experiment=experiment_of(model), parameters=count_parameters(task.model),
+        FIELDS, model=str(cfg.model.name), experiment=experiment_of(model, s.task), parameters=count_parameters(task.model),
         first_update_s=timer.updates[0][0],  # with compile=true: the first compile too (steady time excludes it)
-        data=f"multi30k train ({cfg.task.data.source.path})", max_tokens=int(cfg.task.data.max_tokens), accumulate=accum,
+        data=f"{s.task} train ({cfg.task.data.source.path})", max_tokens=int(cfg.task.data.max_tokens), accumulate=accum,
         updates=len(wall), sentences_per_update=statistics.fmean(sentences), tgt_tokens_per_update=statistics.fmean(tokens),
         ms_per_update=1000 * statistics.median(wall), ms_min=1000 * min(wall), ms_max=1000 * max(wall),
         tokens_per_s=tokens_per_s, first_loss=timer.first_loss, final_loss=timer.loss, flops_per_tgt_token=flops_per_token,
@@ -194,7 +195,7 @@ def measure_row(model: str, s: Settings, overrides: list[str], device: torch.dev
         return measure(model, s, overrides, device)
     except Exception as err:
         kind = "FAILED" if isinstance(err, SeqmixError) and "training loss" in str(err) else "ERROR"
-        return common.new_row(FIELDS, model=model, experiment=experiment_of(model),
+        return common.new_row(FIELDS, model=model, experiment=experiment_of(model, s.task),
                               status=f"{kind}: {' '.join(str(err).split())[:300]}")
 
 
@@ -211,7 +212,7 @@ TABLE = [("model", "model", ""), ("variant", "variant", ""), ("params", lambda r
 
 
 def section(s: Settings, device: torch.device, out: Path, log=print) -> tuple[dict, list[str]]:
-    log(f"\n== training: full updates of the Multi30k CPU recipes, median of {s.repeats} after {s.warmup} warm-up")
+    log(f"\n== training: full updates of the {s.task} CPU recipes, median of {s.repeats} after {s.warmup} warm-up")
     rows, threads = run(s, device, log), torch.get_num_threads()
     data, same = sorted({r["data"] for r in rows if r["data"]}), len({r["batch_digest"] for r in rows if common.ok(r)}) < 2
     common.print_table(f"{'; '.join(data) or '-'}{'' if same else ' (WARNING: not the same batches)'}; x: over "

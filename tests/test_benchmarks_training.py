@@ -30,6 +30,16 @@ def test_recipes_compose_as_train_py_would():
         training.compose_recipe("nope_small")
 
 
+def test_the_task_setting_times_another_task_s_recipes():
+    """``Settings.task`` picks ``conf/experiment/<task>_<name>_cpu.yaml``: DialogSum's Transformer, not Multi30k's."""
+    dialogsum = training.compose_recipe("transformer_small", ["model.encoder.mixer.attention_dropout=0.1"], "dialogsum")
+    assert dialogsum.task.name == "dialogsum" and dialogsum.task.data.truncate_source == 400
+    assert dialogsum.model.encoder.normalize_before and dialogsum.model.encoder.mixer.attention_dropout == 0.1
+    row = training.measure_row("nope_small", training.Settings(task="dialogsum"), [], CPU)
+    assert row["experiment"] == "dialogsum_nope_cpu" and row["status"].startswith("ERROR: ")
+    assert "dialogsum_nope_cpu" in row["status"] and row["ms_per_update"] is None
+
+
 def test_rows_per_recipe_with_ratios_against_the_transformer(multi30k_dir, tmp_path):
     assert bench_run.main(["--only", "training", "--out", str(tmp_path)], {"training": SMALL}) == 1  # nope_small
     report = json.loads((tmp_path / "results.json").read_text())["training"]
