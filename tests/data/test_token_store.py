@@ -335,7 +335,7 @@ def run_build(cache: Path, chunks: int, pause: float) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_build_killed_midway_is_never_taken_for_a_store(tmp_path):
-    proc = run_build(tmp_path, 400, 0.05)
+    proc = run_build(tmp_path, 400, 0.02)
     deadline = time.time() + 120
     while not any(p.stat().st_size > 0 for p in tmp_path.rglob(".train-*.tmp/src.values.bin")):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
