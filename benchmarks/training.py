@@ -21,6 +21,7 @@ from benchmarks.plotting import bar_panels
 from seqmix.errors import SeqmixError
 
 BASELINE = "transformer_small"
+DEFAULT_TASK = "multi30k"
 RECIPES = (BASELINE, "lightconv_small", "dynamicconv_small", "talk_small", "convs2s_small", "disco_small", "cmlm_small")
 FIELDS = ("model variant experiment parameters data max_tokens accumulate updates sentences_per_update "
           "tgt_tokens_per_update first_update_s ms_per_update ms_min ms_max tokens_per_s speed_ratio time_ratio "
@@ -31,7 +32,7 @@ FIELDS = ("model variant experiment parameters data max_tokens accumulate update
 @dataclass
 class Settings:
     models: tuple[str, ...] = RECIPES  # conf/experiment/<task>_<name without _small>_cpu.yaml; baseline added
-    task: str = "multi30k"  # the recipes' prefix: multi30k, or dialogsum (400-token sources)
+    task: str = DEFAULT_TASK  # the recipes' prefix: multi30k, or dialogsum (400-token sources)
     warmup: int = 2
     repeats: int = 5
     max_tokens: int | None = None  # padded tokens per batch (default: the recipe's task.data.max_tokens)
@@ -45,15 +46,16 @@ class Settings:
 QUICK = {"warmup": 1, "repeats": 2}
 
 
-def experiment_of(model: str, task: str = "multi30k") -> str:
+def experiment_of(model: str, task: str = DEFAULT_TASK) -> str:
     return f"{task}_{model.removesuffix('_small')}_cpu"
 
 
-def compose_recipe(model: str, overrides=(), task: str = "multi30k"):
+def compose_recipe(model: str, overrides=(), task: str = DEFAULT_TASK):
     """The run config ``train.py experiment=...`` gets (no logger, output folder pinned)."""
-    if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment_of(model, task)}.yaml").is_file():
-        raise ValueError(f"no recipe conf/experiment/{experiment_of(model, task)}.yaml for model {model!r}")
-    return common.compose_train([f"experiment={experiment_of(model, task)}", *overrides])
+    experiment = experiment_of(model, task)
+    if not (common.REPO_ROOT / "conf" / "experiment" / f"{experiment}.yaml").is_file():
+        raise ValueError(f"no recipe conf/experiment/{experiment}.yaml for model {model!r}")
+    return common.compose_train([f"experiment={experiment}", *overrides])
 
 
 class UpdateTimer(L.Callback):
